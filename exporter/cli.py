@@ -1,0 +1,104 @@
+"""`tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify]`.
+
+Exit codes: 0 success; 2 usage error; 10-15 export errors (see exporter/errors.py: 11 model file, 12 dynamic
+spec, 13 capture, 14 unsupported op, 15 build); 20 `--verify` found a mismatch; other TcError codes as in
+formats/errors.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tcexport.formats.errors import TcError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+VERIFY_FAILED = 20
+
+
+def _progress(quiet: bool):
+    def on_stage(name: str, seconds: float) -> None:
+        if not quiet:
+            print(f"  {name:<8} {seconds:7.2f} s", file=sys.stderr, flush=True)
+    return on_stage
+
+
+@app.command()
+def export(
+    model_file: Path = typer.Argument(..., help="Python file defining model() and example_inputs()"),
+    dynamic: List[str] = typer.Option([], "--dynamic", "-d", help="dynamic dims: batch, batch=1:512, "
+                                      "seq=1:2048@ids.1,mask.1 (repeatable)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="archive path (default MODEL.tcpkg)"),
+    target: str = typer.Option("cpu", "--target", help="comma-separated targets (cpu)"),
+    as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary on stdout"),
+    dump: Optional[Path] = typer.Option(None, "--dump", help="write every stage's output into this folder"),
+    verify: bool = typer.Option(False, "--verify", help="after export, run the package torch-free and "
+                                "compare with eager PyTorch"),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress output"),
+) -> None:
+    """Export MODEL.py into a .tcpkg archive."""
+    from . import pipeline, verify as verify_mod
+    from .model_file import load_model_file
+
+    out = output or model_file.with_suffix(".tcpkg")
+    quiet = quiet or as_json
+    t0 = time.perf_counter()
+    try:
+        if not quiet:
+            print(f"exporting {model_file} -> {out}", file=sys.stderr)
+        spec = load_model_file(model_file)
+        pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
+                              dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
+                              source_path=str(model_file))
+        pkg.save(out)
+        seconds = time.perf_counter() - t0
+        summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),
+                   "stages": {k: round(v, 3) for k, v in pkg.timings.items()},
+                   "inputs": [_spec_json(s) for s in pkg.manifest.inputs],
+                   "outputs": [_spec_json(s) for s in pkg.manifest.outputs],
+                   "symbols": {s.name: [s.min, s.max] for s in pkg.manifest.symbols},
+                   "kernels": pkg.manifest.plan["kernels"],
+                   "targets": [f"{k.target}:{k.isa}" for k in pkg.manifest.kernels]}
+        if not quiet:
+            print(f"wrote {out} ({summary['bytes']:,} bytes, {len(summary['kernels'])} kernels) "
+                  f"in {seconds:.2f} s", file=sys.stderr)
+        if verify:
+            report = verify_mod.verify(spec, out, quiet=quiet)
+            summary["verify"] = report
+            if not report["ok"]:
+                _finish(summary, as_json)
+                raise typer.Exit(VERIFY_FAILED)
+        _finish(summary, as_json)
+    except TcError as e:
+        if as_json:
+            print(json.dumps({"ok": False, "error": type(e).__name__, "message": str(e),
+                              "exit_code": e.exit_code}, indent=1))
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(e.exit_code)
+
+
+def _spec_json(s) -> dict:
+    return {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
+
+
+def _finish(summary: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=1))
+
+
+def main() -> None:
+    import warnings
+
+    # torch's own deprecation chatter (pytree LeafSpec) says nothing to a user of this tool
+    warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""Fusion: loop IR nodes → kernels.
+
+Three generic passes, in order:
+  1. epilogues: a pointwise node that is the only reader of a GEMM's output, element for element, becomes the
+     GEMM's epilogue (bias, activation, residual); chains of such nodes follow.
+  2. inlining: a pointwise node is substituted into its readers' bodies unless it must exist in memory (a graph
+     output, a GEMM operand) or inlining would recompute it per broadcast element.
+  3. grouping: nodes that iterate the same rows join one loop kernel — reductions over the same inner range,
+     per-row scalars, and elementwise work over the row — when every value they read from the kernel itself is
+     the one computed in the same row. Softmax and layer norm become one kernel each this way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from . import ir
+
+EXPENSIVE_OPS = {"exp", "log", "erf", "tanh", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos", "div",
+                 "log1p", "expm1", "atan2", "exp2", "log2", "tan", "atan"}
+
+
+@dataclass
+class Stage:
+    node: ir.Node
+    level: str  # "reduce": inner loop accumulating; "row": once per outer point; "inner": inner loop storing
+    var_map: dict  # node index variable -> kernel index expression
+
+
+@dataclass
+class Kernel:
+    name: str
+    kind: str  # "loops" | "gemm"
+    outer: tuple
+    inner: tuple
+    stages: list = field(default_factory=list)
+    local: set = field(default_factory=set)  # buffers held in registers, never stored
+
+    @property
+    def nodes(self):
+        return [s.node for s in self.stages]
+
+    def writes(self) -> list[str]:
+        return [s.node.out.name for s in self.stages if s.node.out.name not in self.local]
+
+    def __str__(self):
+        head = f"{self.name} [{self.kind}] outer={list(self.outer)} inner={list(self.inner)}"
+        if self.local:
+            head += f" registers={sorted(self.local)}"
+        return "\n".join([head] + [f"    {s.level:6} {s.node}" for s in self.stages])
+
+
+def ovar(k):
+    return sympy.Symbol(f"o{k}", integer=True, nonnegative=True)
+
+
+def qvar(k):
+    return sympy.Symbol(f"q{k}", integer=True, nonnegative=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 0: common nodes (decompositions often compute the same reduction twice, e.g. var_mean's mean)
+
+
+def _key(n: ir.Node):
+    if n.kind == "gemm" or n.out.kind == "output":
+        return None
+    vm = _var_map(n, len(n.ranges), "row")  # size-1 dims vanish, so [b, 1] and [b] compare equal
+    return (n.kind, n.out.dtype, tuple(map(sympy.expand, ir.squeeze(n.ranges))), n.reduce_op,
+            tuple(map(sympy.expand, n.reduce_ranges)), ir.subs_index(n.body, vm))
+
+
+def _reindex(index: tuple, src: ir.Buffer, dst: ir.Buffer) -> tuple:
+    """An index into ``src`` as the same element of ``dst``, two buffers equal up to size-1 dims."""
+    live = [e for e, size in zip(index, src.shape) if size != 1]
+    out = []
+    for size in dst.shape:
+        out.append(sympy.Integer(0) if size == 1 else live.pop(0))
+    return tuple(out)
+
+
+def merge_common_nodes(prog: ir.Program) -> None:
+    seen: dict = {}
+    for n in list(prog.nodes):
+        key = _key(n)
+        if key is None:
+            continue
+        first = seen.setdefault(key, n)
+        if first is n:
+            continue
+        old, new = n.out, first.out
+        for r in prog.nodes:
+            if r.body is not None:
+                r.body = ir.map_values(r.body, lambda v: ir.Load(v.dtype, new.name, _reindex(v.index, old, new))
+                                       if isinstance(v, ir.Load) and v.buffer == old.name else v)
+        prog.nodes.remove(n)
+        del prog.buffers[old.name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 1: GEMM epilogues
+
+
+def _identity_loads_only(body: ir.Value, buf: str, rank: int) -> bool:
+    ident = tuple(ir.ivar(k) for k in range(rank))
+    return all(tuple(ld.index) == ident for ld in ir.loads(body) if ld.buffer == buf)
+
+
+def absorb_epilogues(prog: ir.Program) -> None:
+    changed = True
+    while changed:
+        changed = False
+        consumers = prog.consumers()
+        for g in [n for n in prog.nodes if n.kind == "gemm"]:
+            readers = consumers.get(g.out.name, [])
+            if g.out.kind == "output" or len(readers) != 1:
+                continue
+            p = readers[0]
+            if p.kind != "pointwise" or p.out.dtype != g.out.dtype or len(p.ranges) != len(g.ranges) \
+                    or not all(ir.same_size(a, b) for a, b in zip(p.ranges, g.ranges)) \
+                    or not _identity_loads_only(p.body, g.out.name, len(g.ranges)) \
+                    or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer):
+                continue
+            ident = tuple(ir.ivar(k) for k in range(len(g.ranges)))
+            result = g.body if g.body is not None else ir.Load(g.out.dtype, p.out.name, ident)
+            result = _rename(result, g.out.name, p.out.name)
+            g.body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
+                                   else v)
+            del prog.buffers[g.out.name]
+            g.out = p.out
+            prog.nodes.remove(g)
+            prog.nodes[prog.nodes.index(p)] = g
+            changed = True
+            break
+
+
+def _rename(v: ir.Value, old: str, new: str) -> ir.Value:
+    return ir.map_values(v, lambda x: ir.Load(x.dtype, new, x.index) if isinstance(x, ir.Load) and x.buffer == old
+                         else x)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 2: inlining
+
+
+def _iterations(n: ir.Node) -> sympy.Expr:
+    return ir.product(n.ranges) * ir.product(n.reduce_ranges)
+
+
+def _cheap(body: ir.Value) -> bool:
+    ops = [v for v in ir.walk(body) if isinstance(v, ir.Op)]
+    return len(ops) <= 1 and not any(v.op in EXPENSIVE_OPS for v in ops)
+
+
+def inline_pointwise(prog: ir.Program) -> None:
+    for p in list(prog.nodes):
+        if p.kind != "pointwise" or p.out.kind == "output":
+            continue
+        readers = prog.consumers().get(p.out.name, [])
+        if not readers:
+            continue
+        if any(r.kind == "gemm" and p.out.name in (r.gemm.a.buffer, r.gemm.b.buffer) for r in readers):
+            continue
+        if not _cheap(p.body) and not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
+            continue
+        for r in readers:
+            r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
+                                                                            enumerate(v.index)})
+                                   if isinstance(v, ir.Load) and v.buffer == p.out.name else v)
+        prog.nodes.remove(p)
+        del prog.buffers[p.out.name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 3: grouping into kernels
+
+
+def _var_map(node: ir.Node, outer_len: int, level: str) -> dict:
+    """Map the node's index variables onto the kernel's loop variables (size-1 dims map to 0)."""
+    mapping, k = {}, 0
+    for d, size in enumerate(node.ranges):
+        if size == 1:
+            mapping[ir.ivar(d)] = sympy.Integer(0)
+        else:
+            mapping[ir.ivar(d)] = ovar(k) if k < outer_len else qvar(k - outer_len)
+            k += 1
+    r = 0
+    for d, size in enumerate(node.reduce_ranges):
+        mapping[ir.rvar(d)] = sympy.Integer(0) if size == 1 else qvar(r)
+        r += 0 if size == 1 else 1
+    return mapping
+
+
+def _same_ranges(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(ir.same_size(x, y) for x, y in zip(a, b))
+
+
+def _fit(node: ir.Node, k: Kernel) -> str | None:
+    """The level at which ``node`` can run inside kernel ``k``, or None."""
+    rng = ir.squeeze(node.ranges)
+    if node.kind == "reduction":
+        red = ir.squeeze(node.reduce_ranges)
+        if _same_ranges(rng, k.outer) and (not k.inner and k.kind == "loops" or _same_ranges(red, k.inner)):
+            return "reduce"
+        return None
+    if node.kind != "pointwise" or k.kind != "loops":
+        return None
+    if _same_ranges(rng, k.outer):
+        return "row"
+    if k.inner and _same_ranges(rng, k.outer + k.inner):
+        return "inner"
+    return None
+
+
+def _stored_at(stage: Stage) -> tuple:
+    return tuple(sympy.expand(stage.var_map[ir.ivar(d)]) for d in range(len(stage.node.ranges)))
+
+
+def _legal(node: ir.Node, level: str, k: Kernel, k_index: int, produced_by: dict) -> bool:
+    """Every buffer the node reads comes from an earlier kernel, or from ``k`` at this same row/element."""
+    vm = _var_map(node, len(k.outer), level)
+    members = {s.node.out.name: s for s in k.stages}
+    for b in node.inputs():
+        owner = produced_by.get(b)
+        if owner is None or owner < k_index:
+            continue
+        if owner > k_index or b not in members:
+            return False
+        src = members[b]
+        if src.level == "inner" and level != "inner" and level != "reduce":
+            return False
+        want = _stored_at(src)
+        for ld in ir.loads(node.body):
+            if ld.buffer == b and tuple(sympy.expand(sympy.sympify(e).xreplace(vm)) for e in ld.index) != want:
+                return False
+    return True
+
+
+def group(prog: ir.Program) -> list[Kernel]:
+    kernels: list[Kernel] = []
+    produced_by: dict[str, int] = {}
+    for node in prog.nodes:
+        placed = False
+        if node.kind != "gemm":
+            for ki in range(len(kernels) - 1, -1, -1):
+                k = kernels[ki]
+                level = _fit(node, k)
+                if level and _legal(node, level, k, ki, produced_by):
+                    if level == "reduce" and not k.inner:
+                        k.inner = ir.squeeze(node.reduce_ranges)
+                    k.stages.append(Stage(node, level, _var_map(node, len(k.outer), level)))
+                    produced_by[node.out.name] = ki
+                    placed = True
+                    break
+        if not placed:
+            kernels.append(_new_kernel(node, len(kernels)))
+            produced_by[node.out.name] = len(kernels) - 1
+    _mark_locals(prog, kernels)
+    for i, k in enumerate(kernels):
+        k.name = f"k{i}_{_describe(k)}"
+    return kernels
+
+
+def _new_kernel(node: ir.Node, index: int) -> Kernel:
+    if node.kind == "gemm":
+        k = Kernel("", "gemm", tuple(node.ranges), ())
+        k.stages.append(Stage(node, "gemm", {}))
+        return k
+    outer = ir.squeeze(node.ranges)
+    inner = ir.squeeze(node.reduce_ranges) if node.kind == "reduction" else ()
+    k = Kernel("", "loops", outer, inner)
+    level = "reduce" if node.kind == "reduction" else "row"
+    k.stages.append(Stage(node, level, _var_map(node, len(outer), level)))
+    return k
+
+
+def _mark_locals(prog: ir.Program, kernels: list[Kernel]) -> None:
+    consumers = prog.consumers()
+    for k in kernels:
+        mine = set(k.nodes and [n.out.name for n in k.nodes])
+        for s in k.stages:
+            name = s.node.out.name
+            if s.level in ("reduce", "row") and k.inner and s.node.out.kind != "output":
+                if all(c.out.name in mine for c in consumers.get(name, [])):
+                    k.local.add(name)
+
+
+def _describe(k: Kernel) -> str:
+    if k.kind == "gemm":
+        return "gemm_epilogue" if k.stages[0].node.body is not None else "gemm"
+    kinds = [s.node.reduce_op for s in k.stages if s.level == "reduce"]
+    return ("reduce_" + "_".join(dict.fromkeys(kinds))) if kinds else "pointwise"
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fuse(prog: ir.Program) -> list[Kernel]:
+    merge_common_nodes(prog)
+    prog.verify()
+    absorb_epilogues(prog)
+    prog.verify()
+    inline_pointwise(prog)
+    prog.verify()
+    return group(prog)

@@ -1,0 +1,288 @@
+"""The loop IR: buffers with symbolic shapes, and nodes whose bodies are value expressions over index variables.
+
+One IR serves every pass after capture. Lowering produces one node per op; fusion (fuse.py) rewrites bodies
+(inlining) and groups nodes into kernels; codegen only reads it. Sizes and indices are sympy expressions over
+the shape symbols (positive integers) and the index variables ``i0, i1, ...`` (a node's output position) and
+``r0, r1, ...`` (its reduction position). Views are index arithmetic: a Load carries the full buffer index.
+
+``str(program)`` prints it readably; ``program.verify()`` checks its invariants and runs after each pass in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Iterator
+
+import sympy
+
+DTYPES = ("float64", "float32", "int64", "int32", "int16", "int8", "uint8", "bool")
+FLOAT_DTYPES = ("float64", "float32")
+
+
+@lru_cache(maxsize=None)
+def ivar(k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"i{k}", integer=True, nonnegative=True)
+
+
+@lru_cache(maxsize=None)
+def rvar(k: int) -> sympy.Symbol:
+    return sympy.Symbol(f"r{k}", integer=True, nonnegative=True)
+
+
+def shape_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def product(xs) -> sympy.Expr:
+    out = sympy.Integer(1)
+    for x in xs:
+        out = out * x
+    return out
+
+
+def same_size(a, b) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def squeeze(ranges) -> tuple:
+    """Ranges without their size-1 entries: what fusion compares iteration spaces by."""
+    return tuple(r for r in ranges if r != 1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# value expressions (node bodies)
+
+
+@dataclass(frozen=True)
+class Value:
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Load(Value):
+    buffer: str
+    index: tuple  # one sympy expression per buffer dim
+
+    def __str__(self):
+        return f"{self.buffer}[{', '.join(map(str, self.index))}]"
+
+
+@dataclass(frozen=True)
+class Const(Value):
+    value: object  # python float / int / bool; float('inf') allowed
+
+    def __str__(self):
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class IndexValue(Value):
+    """An integer index expression used as a value (arange, masks built from positions)."""
+
+    expr: sympy.Expr
+
+    def __str__(self):
+        return f"index({self.expr})"
+
+
+@dataclass(frozen=True)
+class Op(Value):
+    op: str
+    args: tuple
+
+    def __str__(self):
+        if self.op == "cast":
+            return f"{self.dtype}({self.args[0]})"
+        return f"{self.op}({', '.join(map(str, self.args))})"
+
+
+def walk(v: Value) -> Iterator[Value]:
+    yield v
+    if isinstance(v, Op):
+        for a in v.args:
+            yield from walk(a)
+
+
+def loads(v: Value) -> list[Load]:
+    return [x for x in walk(v) if isinstance(x, Load)]
+
+
+def map_values(v: Value, fn) -> Value:
+    """Rebuild ``v`` bottom-up, replacing each node by ``fn(node)`` (which may return it unchanged)."""
+    if isinstance(v, Op):
+        v = replace(v, args=tuple(map_values(a, fn) for a in v.args))
+    return fn(v)
+
+
+def subs_index(v: Value, mapping: dict) -> Value:
+    """Substitute index variables in every Load / IndexValue of ``v`` (simultaneously)."""
+    if not mapping:
+        return v
+
+    def fn(x):
+        if isinstance(x, Load):
+            return replace(x, index=tuple(sympy.sympify(e).xreplace(mapping) for e in x.index))
+        if isinstance(x, IndexValue):
+            return replace(x, expr=sympy.sympify(x.expr).xreplace(mapping))
+        return x
+
+    return map_values(v, fn)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# buffers and nodes
+
+
+@dataclass
+class Buffer:
+    name: str
+    dtype: str
+    shape: tuple  # sympy expressions; storage is contiguous row-major
+    kind: str     # "input" | "weight" | "output" | "temp"
+
+    def strides(self) -> tuple:
+        out, acc = [], sympy.Integer(1)
+        for s in reversed(self.shape):
+            out.append(acc)
+            acc = acc * s
+        return tuple(reversed(out))
+
+    def flat_index(self, index) -> sympy.Expr:
+        return sympy.expand(sum((sympy.sympify(i) * s for i, s in zip(index, self.strides())), sympy.Integer(0)))
+
+    def numel(self) -> sympy.Expr:
+        return product(self.shape)
+
+    def __str__(self):
+        return f"{self.name}: {self.kind} {self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass
+class GemmOperand:
+    """A strided 2-D (or batched 3-D) view of a realized buffer, as a BLAS call needs it."""
+
+    buffer: str
+    offset: sympy.Expr
+    batch_stride: sympy.Expr
+    row_stride: sympy.Expr
+    col_stride: sympy.Expr
+
+    def __str__(self):
+        return (f"{self.buffer}+{self.offset} strides(b={self.batch_stride}, "
+                f"r={self.row_stride}, c={self.col_stride})")
+
+
+@dataclass
+class Gemm:
+    """out[b, m, n] = sum_k a[b, m, k] * b[b, k, n]; the output is always contiguous."""
+
+    a: GemmOperand
+    b: GemmOperand
+    batch: sympy.Expr
+    m: sympy.Expr
+    n: sympy.Expr
+    k: sympy.Expr
+
+
+@dataclass
+class Node:
+    """Computes buffer ``out``. Pointwise: out[i...] = body. Reduction: out[i...] = reduce_op over r... of body.
+
+    ``ranges`` always equals ``out.shape`` (the store index is the identity). A gemm node has no body until
+    fusion gives it an epilogue: a pointwise body in which Load(out, i...) is the GEMM's result.
+    """
+
+    name: str
+    kind: str  # "pointwise" | "reduction" | "gemm"
+    out: Buffer
+    body: Value | None = None
+    reduce_op: str | None = None
+    reduce_ranges: tuple = ()
+    gemm: Gemm | None = None
+    source: str | None = None  # the user's source line this node came from
+
+    @property
+    def ranges(self) -> tuple:
+        return self.out.shape
+
+    def inputs(self) -> set[str]:
+        names = {ld.buffer for ld in loads(self.body)} if self.body is not None else set()
+        if self.gemm is not None:
+            names |= {self.gemm.a.buffer, self.gemm.b.buffer}
+        names.discard(self.out.name) if self.kind == "gemm" else None
+        return names
+
+    def __str__(self):
+        idx = ", ".join(str(ivar(k)) for k in range(len(self.ranges)))
+        head = f"{self.out.name}[{idx}]"
+        if self.kind == "pointwise":
+            return f"{self.name}: {head} = {self.body}"
+        if self.kind == "reduction":
+            r = ", ".join(f"{rvar(k)}<{s}" for k, s in enumerate(self.reduce_ranges))
+            return f"{self.name}: {head} = {self.reduce_op}({r}: {self.body})"
+        g = self.gemm
+        text = (f"{self.name}: {head} = gemm(batch={g.batch}, m={g.m}, n={g.n}, k={g.k}; "
+                f"A={g.a}; B={g.b})")
+        return text + (f" then {self.body}" if self.body is not None else "")
+
+
+@dataclass
+class SymbolInfo:
+    name: str
+    min: int
+    max: int | None
+
+
+@dataclass
+class Program:
+    """A whole graph in loop IR. ``inputs``/``weights``/``outputs`` are buffer names in ABI order."""
+
+    buffers: dict
+    nodes: list
+    inputs: list
+    weights: list
+    outputs: list
+    symbols: list = field(default_factory=list)
+    guards: list = field(default_factory=list)  # (sympy boolean, message)
+
+    def producers(self) -> dict[str, Node]:
+        return {n.out.name: n for n in self.nodes}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for b in n.inputs():
+                out.setdefault(b, []).append(n)
+        return out
+
+    def __str__(self):
+        lines = ["symbols: " + ", ".join(f"{s.name} in [{s.min}, {s.max}]" for s in self.symbols)]
+        lines += ["buffers:"] + [f"  {b}" for b in self.buffers.values()]
+        lines += ["nodes:"] + [f"  {n}" for n in self.nodes]
+        lines.append("outputs: " + ", ".join(self.outputs))
+        return "\n".join(lines)
+
+    def verify(self) -> None:
+        """Invariants every pass keeps. Violations are compiler bugs, hence AssertionError."""
+        defined = set(self.inputs) | set(self.weights)
+        for name in defined:
+            assert name in self.buffers, f"{name} is not a buffer"
+        for n in self.nodes:
+            assert n.out.name in self.buffers and self.buffers[n.out.name] is n.out, f"{n.name}: unknown out"
+            assert n.out.name not in defined, f"{n.name}: {n.out.name} written twice"
+            for b in n.inputs():
+                assert b in defined, f"{n.name} reads {b} before it is written"
+            allowed = {ivar(k) for k in range(len(n.ranges))} | {rvar(k) for k in range(len(n.reduce_ranges))}
+            if n.body is not None:
+                for ld in loads(n.body):
+                    buf = self.buffers[ld.buffer]
+                    assert len(ld.index) == len(buf.shape), f"{n.name}: rank of {ld}"
+                    for e in ld.index:
+                        extra = {s for s in sympy.sympify(e).free_symbols if s.name[0] in "ir" and s.name[1:].isdigit()}
+                        assert extra <= allowed, f"{n.name}: {ld} uses {extra - allowed}"
+            assert n.kind in ("pointwise", "reduction", "gemm"), n.kind
+            assert (n.kind == "reduction") == (n.reduce_op is not None), f"{n.name}: reduce_op"
+            defined.add(n.out.name)
+        for o in self.outputs:
+            assert o in defined, f"output {o} never written"

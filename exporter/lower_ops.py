@@ -1,0 +1,476 @@
+"""Per-op lowering rules: small registered functions from an op's arguments to IR nodes or views."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from . import ir
+from .capture import to_sympy
+from .lower import Lowering, TensorRef, identity_ref, register, torch_dtype_name
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _shape(low: Lowering, val) -> tuple:
+    return tuple(to_sympy(s, low.cap.rename) for s in val.shape)
+
+
+def _idx(rank: int) -> tuple:
+    return tuple(ir.ivar(k) for k in range(rank))
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in ir.FLOAT_DTYPES
+
+
+def _value(x, out_shape, dtype: str | None) -> ir.Value:
+    """``x`` (a TensorRef or a Python/sympy scalar) loaded at the output position with broadcasting,
+    cast to ``dtype`` when given."""
+    if isinstance(x, TensorRef):
+        rank, offset = len(out_shape), len(out_shape) - len(x.shape)
+        idx = []
+        for d, size in enumerate(x.shape):
+            idx.append(sympy.Integer(0) if size == 1 and out_shape[d + offset] != 1 else ir.ivar(d + offset))
+        v = x.load(idx) if rank else x.load(())
+        return _cast(v, dtype) if dtype else v
+    if isinstance(x, sympy.Expr) and not x.is_number:
+        v = ir.IndexValue("int64", x)
+        return _cast(v, dtype) if dtype else v
+    if isinstance(x, bool):
+        return ir.Const(dtype or "bool", x)
+    if isinstance(x, (int, float, sympy.Number)):
+        x = float(x) if (dtype and _is_float(dtype)) or isinstance(x, float) else int(x)
+        return ir.Const(dtype or ("float32" if isinstance(x, float) else "int64"), x)
+    raise NotImplementedError(f"unsupported argument {x!r}")
+
+
+def _cast(v: ir.Value, dtype: str) -> ir.Value:
+    return v if v.dtype == dtype else ir.Op(dtype, "cast", (v,))
+
+
+def _promote(*xs) -> str:
+    """Type promotion between operands (tensors win over scalars of the same category)."""
+    order = ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"]
+    tensors = [x.dtype for x in xs if isinstance(x, TensorRef)]
+    best = max(tensors, key=order.index) if tensors else "float32"
+    if any(isinstance(x, float) for x in xs) and not _is_float(best):
+        best = "float32"
+    if any(isinstance(x, int) and not isinstance(x, bool) for x in xs) and best == "bool":
+        best = "int64"
+    return best
+
+
+def _pointwise(low: Lowering, val, op: str, *xs, compute: str | None = None):
+    shape = _shape(low, val)
+    out = torch_dtype_name(val.dtype)
+    compute = compute or out
+    body = ir.Op(compute, op, tuple(_value(x, shape, compute) for x in xs))
+    return low.pointwise(shape, out, _cast(body, out))
+
+
+# --- elementwise ----------------------------------------------------------------------------------------------
+
+UNARY = {
+    "abs": [aten.abs], "neg": [aten.neg, prims.neg], "exp": [aten.exp, prims.exp], "log": [aten.log, prims.log],
+    "sqrt": [aten.sqrt, prims.sqrt], "rsqrt": [aten.rsqrt, prims.rsqrt], "erf": [aten.erf, prims.erf],
+    "tanh": [aten.tanh, prims.tanh], "sin": [aten.sin, prims.sin], "cos": [aten.cos, prims.cos],
+    "sigmoid": [aten.sigmoid], "reciprocal": [aten.reciprocal, prims.reciprocal], "floor": [aten.floor],
+    "ceil": [aten.ceil], "log1p": [aten.log1p], "expm1": [aten.expm1], "exp2": [aten.exp2],
+    "relu": [aten.relu], "logical_not": [aten.logical_not], "sign": [aten.sign], "isnan": [aten.isnan],
+    "trunc": [aten.trunc], "round": [aten.round], "log2": [aten.log2], "tan": [aten.tan], "atan": [aten.atan],
+}
+FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sin", "cos", "sigmoid", "reciprocal", "log1p",
+              "expm1", "exp2", "log2", "tan", "atan"}
+
+
+def _unary_rule(name):
+    def rule(low, node, val, x, **kw):
+        out = torch_dtype_name(val.dtype)
+        compute = out if name not in ("logical_not", "isnan") else x.dtype
+        if name in ("logical_not",):
+            compute = "bool"
+        return _pointwise(low, val, name, x, compute=compute)
+    return rule
+
+
+for _name, _ops in UNARY.items():
+    register(*_ops)(_unary_rule(_name))
+
+BINARY = {
+    "add": [aten.add, prims.add], "sub": [aten.sub, prims.sub], "mul": [aten.mul, prims.mul],
+    "maximum": [aten.maximum, prims.maximum], "minimum": [aten.minimum, prims.minimum],
+    "pow": [aten.pow, prims.pow], "fmod": [aten.fmod, prims.fmod], "remainder": [aten.remainder],
+    "atan2": [aten.atan2], "logical_and": [aten.logical_and, aten.bitwise_and],
+    "logical_or": [aten.logical_or, aten.bitwise_or], "logical_xor": [aten.logical_xor, aten.bitwise_xor],
+}
+COMPARE = {"eq": [aten.eq, prims.eq], "ne": [aten.ne, prims.ne], "lt": [aten.lt, prims.lt],
+           "le": [aten.le, prims.le], "gt": [aten.gt, prims.gt], "ge": [aten.ge, prims.ge]}
+
+
+def _binary_rule(name):
+    def rule(low, node, val, a, b, alpha=1, **kw):
+        if alpha != 1:
+            return _scaled_binary(low, val, name, a, b, alpha)
+        if name.startswith("logical_") and torch_dtype_name(val.dtype) != "bool":
+            return _pointwise(low, val, "bit" + name[len("logical_"):], a, b)  # bitwise ops on integers
+        return _pointwise(low, val, name, a, b, compute="bool" if name.startswith("logical_") else None)
+    return rule
+
+
+def _scaled_binary(low, val, name, a, b, alpha):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    bv = ir.Op(out, "mul", (_value(b, shape, out), _value(alpha, shape, out)))
+    return low.pointwise(shape, out, ir.Op(out, name, (_value(a, shape, out), bv)))
+
+
+for _name, _ops in BINARY.items():
+    register(*_ops)(_binary_rule(_name))
+
+
+def _compare_rule(name):
+    def rule(low, node, val, a, b):
+        return _pointwise(low, val, name, a, b, compute=_promote(a, b))
+    return rule
+
+
+for _name, _ops in COMPARE.items():
+    register(*_ops)(_compare_rule(_name))
+
+
+@register(aten.div, prims.div)
+def _div(low, node, val, a, b, rounding_mode=None):
+    out = torch_dtype_name(val.dtype)
+    if rounding_mode is None and _is_float(out):
+        return _pointwise(low, val, "div", a, b)
+    if node.target is prims.div.default and not _is_float(out):
+        return _pointwise(low, val, "truncdiv", a, b)
+    op = {"floor": "floordiv", "trunc": "truncdiv", None: "div"}[rounding_mode]
+    return _pointwise(low, val, op, a, b)
+
+
+@register(aten.where, prims.where)
+def _where(low, node, val, cond, a, b):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, ir.Op(out, "where", (_value(cond, shape, "bool"), _value(a, shape, out),
+                                                          _value(b, shape, out))))
+
+
+@register(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(low, node, val, x, lo=None, hi=None):
+    if node.target is aten.clamp_max.default:
+        lo, hi = None, lo
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    v = _value(x, shape, out)
+    if lo is not None:
+        v = ir.Op(out, "maximum", (v, _value(lo, shape, out)))
+    if hi is not None:
+        v = ir.Op(out, "minimum", (v, _value(hi, shape, out)))
+    return low.pointwise(shape, out, v)
+
+
+@register(prims.convert_element_type, aten._to_copy, aten.clone, aten.alias, aten.lift_fresh_copy,
+          aten.detach, aten.contiguous)
+def _copy(low, node, val, x, dtype=None, **kw):
+    if isinstance(kw.get("device"), torch.device) and kw["device"].type != "cpu":
+        raise NotImplementedError("device transfer")
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    if out == x.dtype and node.target in (aten.alias.default, aten.detach.default):
+        return x
+    return low.pointwise(shape, out, _cast(x.load(_idx(len(shape))), out))
+
+
+# --- views: index arithmetic, no nodes ------------------------------------------------------------------------
+
+
+def _view_of(x: TensorRef, shape, index_of_new) -> TensorRef:
+    """A view whose element at the new position (i...) is x's element at ``index_of_new`` (a tuple of exprs)."""
+    mapping = {ir.ivar(k): sympy.sympify(e) for k, e in enumerate(index_of_new)}
+    return TensorRef(x.buffer, tuple(shape), tuple(sympy.sympify(e).xreplace(mapping) for e in x.index))
+
+
+def _contiguous_strides(shape):
+    out, acc = [], sympy.Integer(1)
+    for s in reversed(shape):
+        out.append(acc)
+        acc = acc * s
+    return list(reversed(out))
+
+
+@register(aten.view, aten._unsafe_view, aten.reshape, prims.reshape)
+def _reshape(low, node, val, x, size=None, *rest):
+    shape = _shape(low, val)
+    if tuple(shape) == tuple(x.shape):
+        return x
+    flat = sum((ir.ivar(k) * s for k, s in enumerate(_contiguous_strides(shape))), sympy.Integer(0))
+    old_index, strides = [], _contiguous_strides(x.shape)
+    for d, size in enumerate(x.shape):
+        old_index.append(sympy.Integer(0) if size == 1 else ModularIndexing(flat, strides[d], size))
+    return _view_of(x, shape, old_index)
+
+
+@register(aten.permute, prims.transpose)
+def _permute(low, node, val, x, dims):
+    dims = [d % len(x.shape) for d in dims]
+    inv = [dims.index(k) for k in range(len(dims))]
+    return _view_of(x, [x.shape[d] for d in dims], [ir.ivar(inv[k]) for k in range(len(dims))])
+
+
+@register(aten.t, aten.transpose)
+def _transpose(low, node, val, x, d0=0, d1=1):
+    rank = len(x.shape)
+    if rank < 2:
+        return x
+    perm = list(range(rank))
+    perm[d0 % rank], perm[d1 % rank] = perm[d1 % rank], perm[d0 % rank]
+    return _permute(low, node, val, x, perm)
+
+
+@register(aten.expand)
+def _expand(low, node, val, x, size, **kw):
+    shape = _shape(low, val)
+    off = len(shape) - len(x.shape)
+    return _view_of(x, shape, [sympy.Integer(0) if (s == 1 and shape[d + off] != 1) else ir.ivar(d + off)
+                               for d, s in enumerate(x.shape)])
+
+
+@register(prims.broadcast_in_dim)
+def _broadcast_in_dim(low, node, val, x, shape, broadcast_dims):
+    shape = _shape(low, val)
+    return _view_of(x, shape, [sympy.Integer(0) if (x.shape[k] == 1 and shape[d] != 1) else ir.ivar(d)
+                               for k, d in enumerate(broadcast_dims)])
+
+
+@register(aten.unsqueeze)
+def _unsqueeze(low, node, val, x, dim):
+    rank = len(x.shape) + 1
+    dim %= rank
+    return _view_of(x, _shape(low, val), [ir.ivar(k if k < dim else k + 1) for k in range(rank - 1)])
+
+
+@register(aten.squeeze, prims.squeeze)
+def _squeeze(low, node, val, x, dims=None):
+    shape = _shape(low, val)
+    kept = [d for d in range(len(x.shape)) if not (x.shape[d] == 1 and (dims is None or d in _norm_dims(dims, len(x.shape))))]
+    if len(kept) != len(shape):
+        kept = [d for d in range(len(x.shape)) if x.shape[d] != 1]
+    pos = {d: k for k, d in enumerate(kept)}
+    return _view_of(x, shape, [ir.ivar(pos[d]) if d in pos else sympy.Integer(0) for d in range(len(x.shape))])
+
+
+def _norm_dims(dims, rank):
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % rank for d in dims] if rank else []
+
+
+@register(aten.slice)
+def _slice(low, node, val, x, dim=0, start=None, end=None, step=1):
+    shape = _shape(low, val)
+    dim %= len(x.shape)
+    start = 0 if start is None else start
+    if isinstance(start, int) and start < 0:
+        start = x.shape[dim] + start
+    start = sympy.Max(0, sympy.Min(sympy.sympify(start), x.shape[dim])) if not isinstance(start, int) \
+        else min(start, int(x.shape[dim])) if x.shape[dim].is_number else start
+    return _view_of(x, shape, [ir.ivar(k) * step + start if k == dim else ir.ivar(k) for k in range(len(shape))])
+
+
+@register(aten.select)
+def _select(low, node, val, x, dim, index):
+    dim %= len(x.shape)
+    if isinstance(index, int) and index < 0:
+        index = x.shape[dim] + index
+    idx = [ir.ivar(k if k < dim else k - 1) for k in range(len(x.shape))]
+    idx[dim] = sympy.sympify(index)
+    return _view_of(x, _shape(low, val), idx)
+
+
+# --- reductions -----------------------------------------------------------------------------------------------
+
+
+def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str | None = None, body_fn=None):
+    rank = len(x.shape)
+    dims = sorted(set(_norm_dims(list(range(rank)) if dims is None or dims == [] else dims, rank)))
+    out = torch_dtype_name(val.dtype)
+    compute = compute or out
+    out_shape = _shape(low, val)
+    idx, k, r = [], 0, 0
+    for d in range(rank):
+        if d in dims:
+            idx.append(ir.rvar(r))
+            r += 1
+            if keepdim:
+                k += 1
+        else:
+            idx.append(ir.ivar(k))
+            k += 1
+    body = _cast(x.load(idx), compute)
+    if body_fn is not None:
+        body = body_fn(body, idx)
+    ref = low.reduction(out_shape, compute, op, [x.shape[d] for d in dims], body)
+    if compute != out:
+        ref = low.pointwise(out_shape, out, _cast(ref.load(_idx(len(out_shape))), out))
+    return ref, ir.product(x.shape[d] for d in dims)
+
+
+@register(aten.sum, prims.sum)
+def _sum(low, node, val, x, dims=None, keepdim=False, dtype=None, output_dtype=None):
+    if node.target is prims.sum.default:
+        keepdim = False
+    return _reduce(low, val, "sum", x, dims, keepdim)[0]
+
+
+@register(aten.amax, prims.amax)
+def _amax(low, node, val, x, dims=None, keepdim=False):
+    return _reduce(low, val, "max", x, dims, keepdim)[0]
+
+
+@register(aten.amin, prims.amin)
+def _amin(low, node, val, x, dims=None, keepdim=False):
+    return _reduce(low, val, "min", x, dims, keepdim)[0]
+
+
+@register(aten.prod, prims.prod)
+def _prod(low, node, val, x, dims=None, keepdim=False, dtype=None):
+    return _reduce(low, val, "prod", x, dims, keepdim)[0]
+
+
+@register(aten.mean)
+def _mean(low, node, val, x, dims=None, keepdim=False, dtype=None):
+    total, n = _reduce(low, val, "sum", x, dims, keepdim)
+    out = torch_dtype_name(val.dtype)
+    shape = _shape(low, val)
+    return low.pointwise(shape, out, ir.Op(out, "div", (total.load(_idx(len(shape))), _value(n, shape, out))))
+
+
+@register(prims.var)
+def _var(low, node, val, x, dims, correction=0, output_dtype=None):
+    """Two-pass variance: mean first, then the mean squared deviation (both fuse into one row kernel)."""
+    out = torch_dtype_name(val.dtype)
+    rank = len(x.shape)
+    nd = _norm_dims(dims, rank)
+    keep_shape = tuple(sympy.Integer(1) if d in nd else x.shape[d] for d in range(rank))
+    total, n = _reduce(low, _FakeVal(keep_shape, val.dtype), "sum", x, nd, True)
+    mean = low.pointwise(keep_shape, out, ir.Op(out, "div", (total.load(_idx(rank)), _value(n, keep_shape, out))))
+
+    def sq_dev(v, idx):
+        m = mean.load([sympy.Integer(0) if d in nd else e for d, e in enumerate(idx)])
+        dev = ir.Op(out, "sub", (v, m))
+        return ir.Op(out, "mul", (dev, dev))
+
+    ss, _ = _reduce(low, val, "sum", x, nd, False, body_fn=sq_dev)
+    shape = _shape(low, val)
+    denom = _value(n - correction, shape, out)
+    return low.pointwise(shape, out, ir.Op(out, "div", (ss.load(_idx(len(shape))), denom)))
+
+
+class _FakeVal:
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+
+# --- matrix products ------------------------------------------------------------------------------------------
+
+
+def _gemm_operand(low: Lowering, x: TensorRef, batched: bool) -> ir.GemmOperand:
+    """x as a strided BLAS operand; realized into a contiguous buffer when its view is not strided."""
+    op = _strided(x, batched)
+    if op is None:
+        x = low.realize(x)
+        op = _strided(x, batched)
+    return op
+
+
+def _strided(x: TensorRef, batched: bool) -> ir.GemmOperand | None:
+    flat = x.buffer.flat_index(x.index)
+    rank = len(x.shape)
+    vars_ = [ir.ivar(k) for k in range(rank)]
+    if flat.atoms(FloorDiv, ModularIndexing, sympy.Max, sympy.Min, sympy.floor, sympy.Mod):
+        return None
+    coeffs = [sympy.expand(flat.diff(v)) for v in vars_]
+    if any(c.free_symbols & set(vars_) for c in coeffs):
+        return None
+    offset = sympy.expand(flat.xreplace({v: 0 for v in vars_}))
+    bs, rs, cs = (coeffs if batched else [sympy.Integer(0)] + coeffs)
+    rows, cols = x.shape[-2], x.shape[-1]
+    if cols == 1 and cs != 1:
+        cs = sympy.Integer(1)
+    if rows == 1 and rs != 1:
+        rs = sympy.Integer(1) if cs != 1 else cols
+    if cs == 1 and rows != 1 and not ir.same_size(rs, cols) and not (sympy.expand(rs - cols).is_nonnegative):
+        return None
+    if cs != 1 and rs != 1:
+        return None
+    if rs == 1 and cs != 1 and not (ir.same_size(cs, rows) or sympy.expand(cs - rows).is_nonnegative):
+        return None
+    return ir.GemmOperand(x.buffer.name, offset, bs, rs, cs)
+
+
+def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+    out = torch_dtype_name(val.dtype)
+    if out not in ("float32", "float64"):
+        raise NotImplementedError(f"matrix product in {out}")
+    shape = _shape(low, val)
+    ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
+    buf = low.new_buffer(out, shape)
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k)
+    low.nodes.append(ir.Node(low.fresh("n"), "gemm", buf, gemm=gemm, source=low.source()))
+    return identity_ref(buf)
+
+
+@register(aten.mm)
+def _aten_mm(low, node, val, a, b):
+    return _mm(low, val, a, b, batched=False)
+
+
+@register(aten.bmm)
+def _aten_bmm(low, node, val, a, b):
+    return _mm(low, val, a, b, batched=True)
+
+
+@register(aten.addmm)
+def _addmm(low, node, val, bias, a, b, beta=1, alpha=1):
+    """bias + a @ b as a GEMM and a pointwise add; fusion turns the add into the GEMM's epilogue."""
+    prod = _mm(low, val, a, b, batched=False)
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    p = prod.load(_idx(2))
+    if alpha != 1:
+        p = ir.Op(out, "mul", (p, _value(alpha, shape, out)))
+    bv = _value(bias, shape, out)
+    if beta != 1:
+        bv = ir.Op(out, "mul", (bv, _value(beta, shape, out)))
+    return low.pointwise(shape, out, ir.Op(out, "add", (p, bv)) if beta != 0 else p)
+
+
+@register(aten.scalar_tensor)
+def _scalar_tensor(low, node, val, value, **kw):
+    out = torch_dtype_name(val.dtype)
+    return low.pointwise((), out, _value(value, (), out))
+
+
+@register(aten.full)
+def _full(low, node, val, size, value, **kw):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, _value(value if not isinstance(value, float) or math.isfinite(value)
+                                            else value, shape, out))
+
+
+@register(aten.split_with_sizes, aten.split)
+def _split(low, node, val, x, sizes, dim=0):
+    """A list of slice views; FX's getitem picks one."""
+    dim %= len(x.shape)
+    if isinstance(sizes, (int, sympy.Expr)):
+        n = len(val)
+        sizes = [sizes] * n
+    views, start = [], sympy.Integer(0)
+    for k, size in enumerate(sizes):
+        shape = _shape(low, val[k])
+        views.append(_view_of(x, shape, [ir.ivar(d) + start if d == dim else ir.ivar(d) for d in range(len(shape))]))
+        start = start + size
+    return views

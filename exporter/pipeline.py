@@ -1,0 +1,138 @@
+"""The pipeline as a visible list of named stages; each can be dumped for debugging (``--dump DIR``).
+
+    capture → lower → fuse → plan → codegen → build → package
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import build as build_mod
+from . import capture as capture_mod
+from . import codegen_cpp, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
+from .errors import ExportError
+from .model_file import ModelSpec, forward_input_names
+
+SUPPORTED_TARGETS = ("cpu",)
+
+
+@dataclass
+class State:
+    """Everything the stages produce, in order; a stage reads earlier fields and fills its own."""
+
+    spec: ModelSpec
+    dynamic: list
+    targets: tuple
+    cache_dir: Path | None = None
+    captured: object = None
+    program: object = None
+    lowering: object = None
+    kernels: list = field(default_factory=list)
+    memory: object = None
+    blas: list = field(default_factory=list)
+    cpp: str = ""
+    libraries: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+    output_is_single: bool = True
+
+
+def stage_capture(st: State) -> str:
+    st.captured = capture_mod.capture(st.spec, st.dynamic)
+    st.output_is_single = st.captured.program.call_spec.out_spec.is_leaf()
+    return st.captured.program.graph_module.print_readable(print_output=False) + "\n" + \
+        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in st.captured.symbols.items())
+
+
+def stage_lower(st: State) -> str:
+    st.program, st.lowering = lower_mod.lower(st.captured)
+    st.program.verify()
+    return str(st.program)
+
+
+def stage_fuse(st: State) -> str:
+    st.kernels = fuse_mod.fuse(st.program)
+    used = {b for k in st.kernels for s in k.stages for b in s.node.inputs()}
+    st.program.weights = [w for w in st.program.weights if w in used]
+    st.program.verify()
+    return str(st.program) + "\n\nkernels:\n" + "\n".join(str(k) for k in st.kernels)
+
+
+def stage_plan(st: State) -> str:
+    st.memory = plan_mod.plan_memory(st.program, st.kernels)
+    return str(st.memory)
+
+
+def stage_codegen(st: State) -> str:
+    dtypes = {s.node.out.dtype for k in st.kernels if k.kind == "gemm" for s in k.stages}
+    st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
+    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas)
+    return st.cpp
+
+
+def stage_build(st: State) -> str:
+    st.libraries = build_mod.build_all(st.cpp, cache_dir=st.cache_dir)
+    return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in st.libraries.items())
+
+
+STAGES: list[tuple[str, Callable[[State], str], str]] = [
+    ("capture", stage_capture, "graph.txt"),
+    ("lower", stage_lower, "ir.txt"),
+    ("fuse", stage_fuse, "kernels.txt"),
+    ("plan", stage_plan, "plan.txt"),
+    ("codegen", stage_codegen, "model.cpp"),
+    ("build", stage_build, "build.txt"),
+]
+
+
+def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, float], None] | None = None) -> State:
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+    for name, fn, dump_name in STAGES:
+        t0 = time.perf_counter()
+        text = fn(st)
+        st.timings[name] = time.perf_counter() - t0
+        if dump is not None:
+            (dump / dump_name).write_text(text)
+        if on_stage is not None:
+            on_stage(name, st.timings[name])
+    return st
+
+
+def parse_targets(targets) -> tuple:
+    if isinstance(targets, str):
+        targets = [t for t in targets.split(",") if t]
+    out = tuple(t.strip() for t in targets)
+    for t in out:
+        if t not in SUPPORTED_TARGETS:
+            raise ExportError(f"target {t!r} is not supported yet; supported targets: {', '.join(SUPPORTED_TARGETS)}")
+    return out
+
+
+def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
+           dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
+           cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None):
+    """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
+
+    ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
+    ``dynamic`` takes the CLI's `--dynamic` strings.
+    """
+    from tcexport.packager.package import package
+
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
+                     input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
+    st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None)
+    run_stages(st, Path(dump) if dump else None, on_stage)
+    t0 = time.perf_counter()
+    pkg = package(st, name or type(model).__name__)
+    st.timings["package"] = time.perf_counter() - t0
+    if on_stage is not None:
+        on_stage("package", st.timings["package"])
+    return pkg

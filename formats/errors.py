@@ -1,0 +1,88 @@
+"""The closed set of errors tcexport raises for a user's mistake or a bad archive.
+
+Every message names the object at fault, what was expected, what was found, and how to fix it.
+The exporter raises subclasses of these too, so one ``except TcError`` catches everything a user can cause.
+"""
+
+from __future__ import annotations
+
+
+class TcError(Exception):
+    """Base of every error tcexport raises on purpose; ``exit_code`` is what the CLIs exit with."""
+
+    exit_code = 1
+
+
+class FormatError(TcError):
+    """The archive is malformed, altered, or of a format version this loader cannot read."""
+
+    exit_code = 3
+
+
+class IntegrityError(FormatError):
+    """An archive member is missing, extra, or its bytes do not match the manifest's SHA-256."""
+
+
+class VersionError(FormatError):
+    """The archive's format major version is newer than this loader understands."""
+
+
+class TargetError(TcError):
+    """The package has no kernels this machine can run (wrong device, GPU arch or CPU ISA)."""
+
+    exit_code = 4
+
+
+class GuardError(TcError):
+    """A call's inputs break one of the package's guards. Raised before any kernel runs.
+
+    Attributes name the input, the dimension and the symbol involved (``None`` where not applicable),
+    what the package allows and what the call passed.
+    """
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, input: str | None = None, dim: int | None = None,
+                 symbol: str | None = None, expected: object = None, got: object = None,
+                 rule: str | None = None):
+        super().__init__(message)
+        self.input = input
+        self.dim = dim
+        self.symbol = symbol
+        self.expected = expected
+        self.got = got
+        self.rule = rule
+
+
+class ArityError(GuardError):
+    """Wrong number of inputs, or a keyword input the model does not have."""
+
+
+class RankError(GuardError):
+    """An input has the wrong number of dimensions."""
+
+
+class DtypeError(GuardError):
+    """An input has the wrong element type (the loader never casts silently)."""
+
+
+class StaticDimError(GuardError):
+    """A dimension the package was built for as a constant has another size."""
+
+
+class SymbolRangeError(GuardError):
+    """A dynamic dimension is outside its symbol's range."""
+
+
+class SymbolConflictError(GuardError):
+    """Two dimensions that share a symbol, or a derived dimension, disagree."""
+
+
+class RelationError(GuardError):
+    """A relation between symbols that export recorded (e.g. divisibility) does not hold."""
+
+
+class RuntimeKernelError(TcError):
+    """A kernel reported a failure at run time (the message comes from the generated code)."""
+
+    exit_code = 6

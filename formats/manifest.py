@@ -1,0 +1,238 @@
+"""Manifest types of a `.tcpkg` archive, their JSON form, and their validation.
+
+The manifest is ``manifest.json`` at the root of the archive. formats/SPEC.md is the normative text;
+this module is its executable form. Parsing validates everything the loader later relies on, so the
+loader never meets a malformed field deep inside a call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import expr as ex
+from .errors import FormatError, VersionError
+
+FORMAT_NAME = "tcpkg"
+FORMAT_VERSION = (1, 0)
+MANIFEST_NAME = "manifest.json"
+CPU_ABI_VERSION = 1
+
+DTYPES = {  # name -> itemsize in bytes
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    min: int
+    max: int | None  # None: no upper bound
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple  # each dim: int or expression (see expr.py)
+
+    def shape_text(self) -> str:
+        return "[" + ", ".join(ex.to_text(d) for d in self.shape) + "]"
+
+    def __repr__(self) -> str:
+        return f"TensorSpec({self.name}: {self.dtype}{self.shape_text()})"
+
+
+@dataclass(frozen=True)
+class Guard:
+    expr: Any  # boolean expression over symbols
+    message: str
+
+
+@dataclass(frozen=True)
+class KernelBundle:
+    target: str           # "cpu" (later: "cuda:sm_90")
+    isa: str              # e.g. "x86-64-v3"; the loader picks the first whose `requires` this CPU has
+    requires: tuple       # CPU feature flags as /proc/cpuinfo spells them
+    file: str             # archive member holding the shared library
+    abi: int
+    entry: str
+    libraries: tuple      # shared libraries the code needs at load time, e.g. "libgomp.so.1"
+    blas: tuple           # BLAS routines the loader must pass in, e.g. "sgemm"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: tuple
+    producer: dict
+    model: str
+    symbols: tuple
+    inputs: tuple
+    outputs: tuple
+    output_structure: str  # "single" or "tuple"
+    guards: tuple
+    weights_file: str
+    weights: tuple         # TensorSpec with static shapes, in ABI order
+    kernels: tuple
+    workspace_bytes: Any   # expression
+    plan: dict             # informational: kernel names in launch order, planned peak, ...
+    sources: tuple
+    members: dict = field(default_factory=dict)  # path -> {"sha256": hex, "size": int}
+
+    def symbol_names(self) -> list[str]:
+        return [s.name for s in self.symbols]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {
+            "format": FORMAT_NAME,
+            "format_version": list(self.format_version),
+            "producer": d["producer"],
+            "model": {"name": self.model},
+            "symbols": [asdict(s) for s in self.symbols],
+            "inputs": [_spec_json(s) for s in self.inputs],
+            "outputs": [_spec_json(s) for s in self.outputs],
+            "output_structure": self.output_structure,
+            "guards": [asdict(g) for g in self.guards],
+            "weights": {"file": self.weights_file, "tensors": [_spec_json(s) for s in self.weights]},
+            "kernels": [_bundle_json(k) for k in self.kernels],
+            "plan": {**self.plan, "workspace_bytes": self.workspace_bytes},
+            "sources": list(self.sources),
+            "members": {k: dict(v) for k, v in sorted(self.members.items())},
+        }
+
+    def dumps(self) -> bytes:
+        """Canonical bytes: sorted keys, fixed separators, so the same manifest always hashes the same."""
+        return (json.dumps(self.to_json(), sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
+
+
+def _spec_json(s: TensorSpec) -> dict:
+    return {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
+
+
+def _bundle_json(k: KernelBundle) -> dict:
+    d = asdict(k)
+    return {key: list(v) if isinstance(v, tuple) else v for key, v in d.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# parsing and validation
+
+
+def _need(d: dict, key: str, typ, where: str):
+    if key not in d:
+        raise FormatError(f"manifest: {where} has no field {key!r}")
+    v = d[key]
+    if typ is int and isinstance(v, bool) or not isinstance(v, typ):
+        raise FormatError(f"manifest: {where}.{key} should be {getattr(typ, '__name__', typ)}, "
+                          f"found {type(v).__name__} {v!r:.80}")
+    return v
+
+
+def _parse_spec(d: Any, where: str, symbols: set[str], static: bool = False) -> TensorSpec:
+    if not isinstance(d, dict):
+        raise FormatError(f"manifest: {where} should be an object, found {d!r:.80}")
+    name = _need(d, "name", str, where)
+    dtype = _need(d, "dtype", str, where)
+    if dtype not in DTYPES:
+        raise FormatError(f"manifest: {where} ({name}) has dtype {dtype!r}; known: {sorted(DTYPES)}")
+    shape = _need(d, "shape", list, where)
+    for i, dim in enumerate(shape):
+        if static and (not isinstance(dim, int) or isinstance(dim, bool) or dim < 0):
+            raise FormatError(f"manifest: {where} ({name}) dim {i} should be a non-negative integer, found {dim!r}")
+        ex.validate(dim, symbols, f"manifest: {where} ({name}) dim {i}")
+    return TensorSpec(name, dtype, tuple(shape))
+
+
+def parse_manifest(raw: bytes | str | dict) -> Manifest:
+    """Parse and validate a manifest; raise FormatError / VersionError naming the bad field."""
+    if isinstance(raw, (bytes, str)):
+        try:
+            d = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise FormatError(f"manifest.json is not valid JSON: {e}") from None
+    else:
+        d = raw
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        raise FormatError(f"manifest.json: field 'format' should be {FORMAT_NAME!r}; this is not a tcpkg archive")
+    version = _need(d, "format_version", list, "manifest")
+    if len(version) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in version):
+        raise FormatError(f"manifest: format_version should be [major, minor], found {version!r}")
+    if version[0] != FORMAT_VERSION[0]:
+        raise VersionError(
+            f"archive has format version {version[0]}.{version[1]}; this loader reads major version "
+            f"{FORMAT_VERSION[0]} (up to {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]} fully). "
+            + ("Upgrade tcexport to load it." if version[0] > FORMAT_VERSION[0]
+               else "Rebuild the package with this tcexport."))
+
+    sym_list = _need(d, "symbols", list, "manifest")
+    symbols = []
+    for i, s in enumerate(sym_list):
+        where = f"symbols[{i}]"
+        if not isinstance(s, dict):
+            raise FormatError(f"manifest: {where} should be an object")
+        name = _need(s, "name", str, where)
+        ex.validate(name, None, f"manifest: {where}.name")
+        lo = _need(s, "min", int, where)
+        hi = s.get("max")
+        if hi is not None and (not isinstance(hi, int) or isinstance(hi, bool) or hi < lo):
+            raise FormatError(f"manifest: {where} ({name}) max should be null or an integer >= min {lo}, found {hi!r}")
+        symbols.append(Symbol(name, lo, hi))
+    names = {s.name for s in symbols}
+    if len(names) != len(symbols):
+        raise FormatError("manifest: symbols has duplicate names")
+
+    inputs = tuple(_parse_spec(x, f"inputs[{i}]", names) for i, x in enumerate(_need(d, "inputs", list, "manifest")))
+    outputs = tuple(_parse_spec(x, f"outputs[{i}]", names) for i, x in enumerate(_need(d, "outputs", list, "manifest")))
+    for group, specs in (("inputs", inputs), ("outputs", outputs)):
+        if len({s.name for s in specs}) != len(specs):
+            raise FormatError(f"manifest: {group} has duplicate names")
+    structure = _need(d, "output_structure", str, "manifest")
+    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) != 1):
+        raise FormatError(f"manifest: output_structure {structure!r} does not fit {len(outputs)} output(s)")
+
+    guards = []
+    for i, g in enumerate(_need(d, "guards", list, "manifest")):
+        if not isinstance(g, dict):
+            raise FormatError(f"manifest: guards[{i}] should be an object")
+        ex.validate(g.get("expr"), names, f"manifest: guards[{i}].expr")
+        guards.append(Guard(g["expr"], _need(g, "message", str, f"guards[{i}]")))
+
+    w = _need(d, "weights", dict, "manifest")
+    weights = tuple(_parse_spec(x, f"weights.tensors[{i}]", names, static=True)
+                    for i, x in enumerate(_need(w, "tensors", list, "weights")))
+
+    kernels = []
+    for i, k in enumerate(_need(d, "kernels", list, "manifest")):
+        where = f"kernels[{i}]"
+        if not isinstance(k, dict):
+            raise FormatError(f"manifest: {where} should be an object")
+        kernels.append(KernelBundle(
+            target=_need(k, "target", str, where), isa=_need(k, "isa", str, where),
+            requires=tuple(_need(k, "requires", list, where)), file=_need(k, "file", str, where),
+            abi=_need(k, "abi", int, where), entry=_need(k, "entry", str, where),
+            libraries=tuple(_need(k, "libraries", list, where)), blas=tuple(_need(k, "blas", list, where))))
+
+    plan = dict(_need(d, "plan", dict, "manifest"))
+    workspace = plan.pop("workspace_bytes", 0)
+    ex.validate(workspace, names, "manifest: plan.workspace_bytes")
+
+    members = _need(d, "members", dict, "manifest")
+    for path, info in members.items():
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or len(info["sha256"]) != 64 \
+                or not isinstance(info.get("size"), int):
+            raise FormatError(f"manifest: members[{path!r}] should be {{'sha256': 64 hex digits, 'size': int}}")
+    model = _need(d, "model", dict, "manifest")
+    referenced = [w.get("file")] + [k.file for k in kernels] + list(d.get("sources", []))
+    for ref in referenced:
+        if ref not in members:
+            raise FormatError(f"manifest: refers to member {ref!r}, which is not listed in members")
+
+    return Manifest(
+        format_version=tuple(version), producer=dict(_need(d, "producer", dict, "manifest")),
+        model=str(model.get("name", "")), symbols=tuple(symbols), inputs=inputs, outputs=outputs,
+        output_structure=structure, guards=tuple(guards), weights_file=_need(w, "file", str, "weights"),
+        weights=weights, kernels=tuple(kernels), workspace_bytes=workspace, plan=plan,
+        sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members))

@@ -1,0 +1,126 @@
+"""``tcpkg``: inspect and run `.tcpkg` packages from the command line, without torch.
+
+Exit codes: 0 ok; 2 usage error; otherwise the ``exit_code`` of the TcError raised (3 format/integrity,
+4 target, 5 guard, 6 kernel). Errors go to stderr as ``error: <message>``; ``--json`` output goes to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import List, Optional
+
+import numpy as np
+import typer
+
+from tcexport.formats import expr as ex
+from tcexport.formats.errors import TcError
+from tcexport.formats.manifest import Manifest
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Inspect and run .tcpkg packages (no PyTorch needed).")
+
+
+def _fail(err: TcError, as_json: bool = False) -> None:
+    if as_json:
+        typer.echo(json.dumps({"verified": False, "error": str(err), "error_type": type(err).__name__}))
+    typer.echo(f"error: {err}", err=True)
+    raise typer.Exit(err.exit_code)
+
+
+@app.command()
+def inspect(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
+            as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON with a verified flag")):
+    """Verify a package and describe it: signature, symbols, guards, kernels, weights, members."""
+    from .archive import open_archive
+    try:
+        archive = open_archive(package)
+    except TcError as err:
+        _fail(err, as_json)
+    m = archive.manifest
+    if as_json:
+        typer.echo(json.dumps({"path": str(package), "verified": True, "manifest": m.to_json()}, sort_keys=True))
+        return
+    typer.echo("\n".join(_describe(m, archive.names())))
+
+
+def _describe(m: Manifest, names: list[str]) -> list[str]:
+    lines = [f"format:    tcpkg {m.format_version[0]}.{m.format_version[1]}  (verified: every member's SHA-256 matches)",
+             f"model:     {m.model}",
+             "producer:  " + ", ".join(f"{k} {v}" for k, v in sorted(m.producer.items())), "", "signature:"]
+    lines += [f"  input  {s.name}: {s.dtype}{s.shape_text()}" for s in m.inputs]
+    lines += [f"  output {s.name}: {s.dtype}{s.shape_text()}" for s in m.outputs]
+    lines += [f"  returns: {m.output_structure}", "", "symbols:"]
+    lines += [f"  {s.name}: {s.min}..{'inf' if s.max is None else s.max}" for s in m.symbols] or ["  (none: all shapes static)"]
+    lines += ["", "guards:"] + ([f"  {ex.to_text(g.expr)}    # {g.message}" for g in m.guards] or ["  (none)"])
+    lines += ["", "kernels:"] + [f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
+                                 f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]" for k in m.kernels]
+    lines += ["", "plan:", f"  workspace_bytes: {ex.to_text(m.workspace_bytes)}"]
+    lines += [f"  {k}: {_short(v)}" for k, v in sorted(m.plan.items())]
+    total = sum(_nbytes(w) for w in m.weights)
+    lines += ["", f"weights: {len(m.weights)} tensors, {total} bytes in {m.weights_file}"]
+    lines += [f"  {w.name}: {w.dtype}{w.shape_text()}" for w in m.weights]
+    lines += ["", "members:"] + [f"  {n}  {m.members[n]['size']} bytes  sha256 {m.members[n]['sha256']}"
+                                 for n in sorted(m.members)]
+    return lines
+
+
+def _nbytes(spec) -> int:
+    from tcexport.formats.manifest import DTYPES
+    n = DTYPES[spec.dtype]
+    for d in spec.shape:
+        n *= d
+    return n
+
+
+def _short(v) -> str:
+    text = json.dumps(v) if not isinstance(v, str) else v
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@app.command()
+def run(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
+        inputs: List[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, once per input"),
+        out_dir: pathlib.Path = typer.Option(pathlib.Path("."), "-o", "--out", help="where to write <output>.npy"),
+        num_threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all allowed)"),
+        isa: Optional[str] = typer.Option(None, "--isa", help="force a CPU kernel bundle by isa name"),
+        as_json: bool = typer.Option(False, "--json", help="print output names, shapes, dtypes and files as JSON")):
+    """Run a package on .npy inputs and write each output to OUT/<output name>.npy."""
+    from .model import load
+    arrays = dict(_read_input(spec) for spec in inputs)
+    try:
+        model = load(package, num_threads=num_threads, isa=isa)
+        result = model(**arrays)
+    except TcError as err:
+        _fail(err)
+    results = result if isinstance(result, tuple) else (result,)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = []
+    for spec, value in zip(model.outputs, results):
+        file = out_dir / f"{spec.name}.npy"
+        np.save(file, value.view(np.dtype(value.dtype.str)), allow_pickle=False)  # bfloat16: raw uint16 bits
+        report.append({"name": spec.name, "dtype": spec.dtype, "shape": list(value.shape), "file": str(file)})
+    if as_json:
+        typer.echo(json.dumps({"outputs": report}, sort_keys=True))
+    else:
+        for r in report:
+            typer.echo(f"{r['name']}: {r['dtype']}{r['shape']} -> {r['file']}")
+
+
+def _read_input(spec: str) -> tuple[str, np.ndarray]:
+    name, sep, file = spec.partition("=")
+    if not sep or not name or not file:
+        raise typer.BadParameter(f"{spec!r}: expected NAME=FILE.npy", param_hint="--input")
+    try:
+        return name, np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(f"{file}: cannot read a .npy array ({e})", param_hint="--input") from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""A loaded package as a Python callable: verify, guard, run the native entry point, return outputs.
+
+A Model holds only immutable state after ``load`` (the mapping, weight pointers, the guard plan, the
+ctypes function); every call allocates its own outputs, workspace, context and error buffer, and
+ctypes releases the GIL during the native call, so threads may call one Model concurrently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+
+import numpy as np
+
+from tcexport.formats import expr as ex
+from tcexport.formats.errors import ArityError, FormatError, RuntimeKernelError, TargetError, TcError
+from tcexport.formats.manifest import CPU_ABI_VERSION, Manifest, TensorSpec
+
+from . import native_cpu
+from .archive import Archive, open_archive
+from .arrays import convert_inputs, convert_outputs
+from .dtypes import numpy_dtype
+from .guards import GuardPlan
+from .weights import load_weights
+
+WORKSPACE_ALIGNMENT = 64
+ERROR_BUFFER_BYTES = 4096
+
+
+def default_num_threads() -> int:
+    """CPUs this process may use, capped by OMP_NUM_THREADS; read at load time, not import time."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if omp.isdigit() and int(omp) >= 1:
+        n = min(n, int(omp))
+    return max(n, 1)
+
+
+def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None = None, cache_dir=None) -> "Model":
+    """Open, verify and load a `.tcpkg` for ``device``; return a callable Model.
+
+    Every member is hashed before native code is loaded. ``isa`` forces a CPU kernel bundle by name;
+    ``cache_dir`` is where kernel libraries are extracted (default $TCEXPORT_CACHE or ~/.cache/tcexport).
+    """
+    if str(device) != "cpu":
+        raise TargetError(f"device {str(device)!r}: this package/loader build supports cpu; GPU packages come "
+                          f"with --target cuda:sm_XX. Load with device='cpu'.")
+    threads = default_num_threads() if num_threads is None else num_threads
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise TcError(f"num_threads should be an integer >= 1, got {num_threads!r}")
+    archive = open_archive(path)
+    plan = GuardPlan(archive.manifest)
+    weights = load_weights(archive)
+    native = native_cpu.load(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
+    return Model(archive, plan, weights, native, threads)
+
+
+class Model:
+    """Call with the inputs positionally (manifest order) or by name; returns one output or a tuple."""
+
+    def __init__(self, archive: Archive, plan: GuardPlan, weights: dict[str, np.ndarray],
+                 native: native_cpu.NativeLibrary, num_threads: int):
+        m = archive.manifest
+        self.archive = archive
+        self.manifest: Manifest = m
+        self.num_threads = num_threads
+        self.isa = native.bundle.isa
+        self._plan = plan
+        self._native = native
+        self._input_names = tuple(s.name for s in m.inputs)
+        self._symbol_names = tuple(m.symbol_names())
+        self._weights = tuple(weights[w.name] for w in m.weights)   # keeps the views (and mapping) alive
+        self._weight_ptrs = (ctypes.c_void_p * len(self._weights))(*[w.ctypes.data for w in self._weights])
+        self._outputs = tuple((s.shape, numpy_dtype(s.dtype)) for s in m.outputs)
+
+    @property
+    def path(self) -> pathlib.Path:
+        return self.archive.path
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.manifest.inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.manifest.outputs)
+
+    @property
+    def symbols(self) -> list:
+        return list(self.manifest.symbols)
+
+    def __repr__(self) -> str:
+        sig = lambda specs: ", ".join(f"{s.name}: {s.dtype}{s.shape_text()}" for s in specs)
+        return (f"Model({self.manifest.model!r}, inputs=[{sig(self.manifest.inputs)}], "
+                f"outputs=[{sig(self.manifest.outputs)}], isa={self.isa!r})")
+
+    def __call__(self, *args, **kwargs):
+        values = self._gather(args, kwargs)
+        arrays, as_torch = convert_inputs(values, self._input_names)
+        env = self._plan.check(arrays)
+        outputs = convert_outputs(self._run(arrays, env), as_torch)
+        return outputs[0] if self.manifest.output_structure == "single" else tuple(outputs)
+
+    def _gather(self, args: tuple, kwargs: dict) -> list:
+        """Positional then keyword inputs, in manifest order; unknown, repeated or missing names are ArityErrors."""
+        names = self._input_names
+        if len(args) > len(names):
+            raise ArityError(f"model {self.manifest.model!r} takes {len(names)} input(s) ({', '.join(names)}), "
+                             f"got {len(args)} positional. Pass exactly these inputs.",
+                             expected=len(names), got=len(args), rule="arity")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names:
+                raise ArityError(f"model {self.manifest.model!r} has no input named {key!r}; inputs: "
+                                 f"{', '.join(names)}.", input=key, expected=list(names), got=key, rule="arity")
+            if key in values:
+                raise ArityError(f"input {key!r} was passed both positionally and by name; pass it once.",
+                                 input=key, rule="arity")
+            values[key] = value
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ArityError(f"model {self.manifest.model!r} is missing input(s) {', '.join(missing)}; it takes "
+                             f"{', '.join(names)}.", input=missing[0], expected=list(names),
+                             got=sorted(values), rule="arity")
+        return [values[n] for n in names]
+
+    def _run(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
+        outputs = [np.empty(self._shape(shape, env), dtype) for shape, dtype in self._outputs]
+        workspace, ws_ptr = _workspace(ex.evaluate(self.manifest.workspace_bytes, env))
+        error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
+        ctx = native_cpu.TcContext(CPU_ABI_VERSION, self.num_threads,
+                                   (ctypes.c_void_p * native_cpu.MAX_BLAS)(*self._native.blas),
+                                   ctypes.addressof(error), ERROR_BUFFER_BYTES)
+        symbols = (ctypes.c_int64 * max(len(self._symbol_names), 1))(*[env[s] for s in self._symbol_names])
+        inputs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+        outs = (ctypes.c_void_p * max(len(outputs), 1))(*[o.ctypes.data for o in outputs])
+        rc = self._native.run(ctypes.byref(ctx), symbols, inputs, self._weight_ptrs, outs, ws_ptr)
+        del workspace  # the buffer had to live until the native call returned
+        if rc != 0:
+            message = error.value.decode("utf-8", errors="replace") or "no message"
+            raise RuntimeKernelError(f"model {self.manifest.model!r}: kernel library {self._native.bundle.file!r} "
+                                     f"failed with code {rc}: {message}")
+        return outputs
+
+    def _shape(self, shape: tuple, env: dict[str, int]) -> tuple[int, ...]:
+        dims = tuple(ex.evaluate(d, env) for d in shape)
+        if any(d < 0 for d in dims):
+            raise FormatError(f"manifest output shape {list(shape)} is negative for {env}; rebuild the package")
+        return dims
+
+
+def _workspace(nbytes: int) -> tuple[np.ndarray | None, int | None]:
+    """A fresh 64-byte-aligned scratch buffer per call (NULL when the plan needs none)."""
+    if nbytes < 0:
+        raise FormatError(f"manifest workspace_bytes evaluated to {nbytes}; rebuild the package")
+    if nbytes == 0:
+        return None, None
+    buf = np.empty(nbytes + WORKSPACE_ALIGNMENT, np.uint8)
+    address = buf.ctypes.data
+    return buf, address + (-address) % WORKSPACE_ALIGNMENT

@@ -1,0 +1,121 @@
+"""Memory-map the weights safetensors member straight out of the archive.
+
+The safetensors header is parsed here, not by the safetensors package, because the tensors must be
+numpy views of the archive's mapping (no copy, lazy paging) and every offset must be checked against
+the member's bounds before a view is made. The layout: u64 little-endian header length N, N bytes of
+JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+
+from tcexport.formats.errors import FormatError
+from tcexport.formats.manifest import Manifest
+
+from .archive import Archive
+from .dtypes import dtype_name, numpy_dtype
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+
+
+def load_weights(archive: Archive, manifest: Manifest | None = None) -> dict[str, np.ndarray]:
+    """Return name -> numpy view into the archive mapping, checked against ``manifest.weights``."""
+    manifest = manifest or archive.manifest
+    where = f"{archive.path}: {manifest.weights_file}"
+    offset, size = archive.member_offset(manifest.weights_file)
+    header, data_start = _read_header(archive.mmap, offset, size, where)
+    arrays = _make_views(archive.mmap, header, data_start, offset + size, where)
+    _check_against_manifest(arrays, manifest, where)
+    return arrays
+
+
+def _read_header(mm, offset: int, size: int, where: str) -> tuple[dict, int]:
+    if size < 8:
+        raise FormatError(f"{where}: {size} bytes is too short for a safetensors file (needs an 8-byte header length)")
+    (n,) = struct.unpack_from("<Q", mm, offset)
+    if n == 0 or n > MAX_HEADER_BYTES or n > size - 8:
+        raise FormatError(f"{where}: safetensors header length {n} is not in 1..{min(MAX_HEADER_BYTES, size - 8)}")
+    try:
+        header = json.loads(mm[offset + 8:offset + 8 + n])
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise FormatError(f"{where}: safetensors header is not valid JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{where}: safetensors header should be a JSON object")
+    header.pop("__metadata__", None)
+    return header, offset + 8 + n
+
+
+def _make_views(mm, header: dict, data_start: int, data_end: int, where: str) -> dict[str, np.ndarray]:
+    data_len = data_end - data_start
+    spans = []
+    arrays = {}
+    for name, entry in header.items():
+        dtype, shape, begin, end = _parse_entry(name, entry, where)
+        nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
+        if not 0 <= begin <= end <= data_len:
+            raise FormatError(f"{where}: tensor {name!r} data_offsets [{begin}, {end}] are outside the "
+                              f"{data_len} data bytes")
+        if end - begin != nbytes:
+            raise FormatError(f"{where}: tensor {name!r} is {dtype}{list(shape)} = {nbytes} bytes, "
+                              f"but its data_offsets span {end - begin} bytes")
+        spans.append((begin, end, name))
+        arrays[name] = _view(mm, dtype, shape, data_start + begin)
+    _check_disjoint(spans, where)
+    return arrays
+
+
+def _parse_entry(name: str, entry, where: str) -> tuple[str, tuple, int, int]:
+    if not isinstance(entry, dict):
+        raise FormatError(f"{where}: tensor {name!r} header entry should be an object")
+    st_dtype = entry.get("dtype")
+    if st_dtype not in SAFETENSORS_DTYPES:
+        raise FormatError(f"{where}: tensor {name!r} has dtype {st_dtype!r}; known: {sorted(SAFETENSORS_DTYPES)}")
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(_is_nonneg_int(d) for d in shape):
+        raise FormatError(f"{where}: tensor {name!r} shape should be a list of non-negative integers, found {shape!r:.80}")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_nonneg_int(o) for o in offsets):
+        raise FormatError(f"{where}: tensor {name!r} data_offsets should be [begin, end], found {offsets!r:.80}")
+    return SAFETENSORS_DTYPES[st_dtype], tuple(shape), offsets[0], offsets[1]
+
+
+def _is_nonneg_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_disjoint(spans: list, where: str) -> None:
+    end, previous = 0, None
+    for begin, stop, name in sorted(spans):
+        if begin < end and begin != stop:
+            raise FormatError(f"{where}: tensors {previous!r} and {name!r} overlap in the data section")
+        if stop > end:
+            end, previous = stop, name
+
+
+def _view(mm, dtype: str, shape: tuple, offset: int) -> np.ndarray:
+    """A view whose ``base`` is the mapping; misaligned data (never written by tcexport) is copied."""
+    np_dtype = numpy_dtype(dtype)
+    arr = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=offset)
+    return arr if offset % np_dtype.itemsize == 0 else arr.copy()
+
+
+def _check_against_manifest(arrays: dict[str, np.ndarray], manifest: Manifest, where: str) -> None:
+    expected = {w.name: w for w in manifest.weights}
+    for name in sorted(set(expected) - set(arrays)):
+        raise FormatError(f"{where}: weight {name!r} listed in the manifest is missing from the safetensors file")
+    for name in sorted(set(arrays) - set(expected)):
+        raise FormatError(f"{where}: tensor {name!r} is in the safetensors file but not in manifest.weights")
+    for name, spec in expected.items():
+        arr = arrays[name]
+        got_dtype = dtype_name(arr.dtype)
+        if got_dtype != spec.dtype or tuple(arr.shape) != tuple(spec.shape):
+            raise FormatError(f"{where}: weight {name!r} is {got_dtype}{list(arr.shape)}; the manifest expects "
+                              f"{spec.dtype}{list(spec.shape)}. Rebuild the package.")

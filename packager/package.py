@@ -1,0 +1,86 @@
+"""Package: pipeline results → Manifest + members → a `.tcpkg` archive (written by archive.py)."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+from tcexport.formats.manifest import CPU_ABI_VERSION, FORMAT_VERSION, KernelBundle, Manifest, Symbol, TensorSpec
+
+from .archive import write_archive
+from .exprs import to_expr
+
+TCEXPORT_VERSION = "0.1.0"
+WEIGHTS_FILE = "weights.safetensors"
+CPP_SOURCE = "src/cpu/model.cpp"
+KERNELS_TEXT = "src/kernels.txt"
+
+
+@dataclass
+class Package:
+    """A built package in memory: ``save(path)`` writes it atomically and deterministically."""
+
+    manifest: Manifest
+    members: dict
+    timings: dict
+
+    def save(self, path) -> Path:
+        return write_archive(Path(path), self.manifest, self.members)
+
+
+def _weights_bytes(st) -> tuple[bytes, list[TensorSpec]]:
+    low, prog = st.lowering, st.program
+    arrays, specs = {}, []
+    for name in prog.weights:
+        key = low.weight_keys[name]
+        t = low.weight_values[name]
+        arrays[key] = np.ascontiguousarray(t.detach().cpu().numpy())
+        specs.append(TensorSpec(key, prog.buffers[name].dtype, tuple(int(s) for s in t.shape)))
+    return safetensors.numpy.save(arrays) if arrays else safetensors.numpy.save({}), specs
+
+
+def _spec(prog, low, name) -> TensorSpec:
+    buf = prog.buffers[name]
+    return TensorSpec(low.weight_keys[name], buf.dtype, tuple(to_expr(s) for s in buf.shape))
+
+
+def package(st, model_name: str) -> Package:
+    from tcexport.exporter.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
+
+    prog, low = st.program, st.lowering
+    weights, weight_specs = _weights_bytes(st)
+    members = {WEIGHTS_FILE: weights, CPP_SOURCE: st.cpp.encode(),
+               KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
+    bundles = []
+    for isa in ISA_LEVELS:
+        if isa.name not in st.libraries:
+            continue
+        path = f"kernels/cpu-{isa.name}.so"
+        members[path] = st.libraries[isa.name]
+        bundles.append(KernelBundle(target="cpu", isa=isa.name, requires=tuple(isa.requires), file=path,
+                                    abi=CPU_ABI_VERSION, entry="tc_run", libraries=tuple(LIBRARIES),
+                                    blas=tuple(st.blas)))
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
+                  "python": platform.python_version(), "cxx": compiler_version(compiler())},
+        model=model_name,
+        symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
+        inputs=tuple(_spec(prog, low, n) for n in prog.inputs),
+        outputs=tuple(_spec(prog, low, n) for n in prog.outputs),
+        output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
+        guards=tuple(),
+        weights_file=WEIGHTS_FILE,
+        weights=tuple(weight_specs),
+        kernels=tuple(bundles),
+        workspace_bytes=to_expr(st.memory.workspace_bytes),
+        plan={"kernels": [k.name for k in st.kernels],
+              "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes)},
+        sources=(CPP_SOURCE, KERNELS_TEXT),
+    )
+    return Package(manifest, members, dict(st.timings))

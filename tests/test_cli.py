@@ -1,0 +1,84 @@
+"""The `tcexport` and `tcpkg` command lines, as CI would call them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from packages import EXAMPLES, MODELS, WORK
+
+pytestmark = pytest.mark.slow
+
+
+def tcexport(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def tcpkg(*args):
+    return subprocess.run([sys.executable, "-m", "tcexport.loader.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def test_export_json_dump_and_verify(tmp_path):
+    out = tmp_path / "mlp.tcpkg"
+    dump = tmp_path / "dump"
+    r = tcexport(EXAMPLES / "mlp.py", "-o", out, "--json", "--dump", dump, "--verify")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["ok"] and summary["package"] == str(out) and summary["bytes"] == out.stat().st_size
+    assert summary["symbols"] == {"batch": [1, 1024]} and len(summary["kernels"]) == 4
+    assert summary["verify"]["ok"] and summary["verify"]["torch_loaded_in_runner"] is False
+    assert {c["case"] for c in summary["verify"]["cases"]} == {"example", "batch=1", "batch=1024"}
+    for name in ("graph.txt", "ir.txt", "kernels.txt", "plan.txt", "model.cpp", "build.txt"):
+        assert (dump / name).stat().st_size > 0, name
+    assert "tc_run" in (dump / "model.cpp").read_text()
+
+
+def test_dynamic_flag_overrides_and_progress(tmp_path):
+    model = tmp_path / "m.py"
+    model.write_text((MODELS / "attention.py").read_text().replace("dynamic_shapes =", "_unused ="))
+    r = tcexport(model, "--dynamic", "batch=1:8", "--dynamic", "seq=1:32@x.1", "-o", tmp_path / "a.tcpkg")
+    assert r.returncode == 0, r.stderr
+    assert "capture" in r.stderr and "build" in r.stderr  # progress on stderr
+    info = json.loads(tcpkg("inspect", tmp_path / "a.tcpkg", "--json").stdout)
+    assert [(s["name"], s["min"], s["max"]) for s in info["manifest"]["symbols"]] == [("batch", 1, 8), ("seq", 1, 32)]
+
+
+@pytest.mark.parametrize("source, code", [
+    ("x = 1\n", 11),
+    (None, 14),
+])
+def test_exit_codes(tmp_path, source, code):
+    path = MODELS / "unsupported.py" if source is None else tmp_path / "bad.py"
+    if source is not None:
+        path.write_text(source)
+    r = tcexport(path, "-o", tmp_path / "x.tcpkg", "--json")
+    assert r.returncode == code, (r.returncode, r.stderr)
+    body = json.loads(r.stdout)
+    assert body["ok"] is False and body["exit_code"] == code
+    assert not (tmp_path / "x.tcpkg").exists()
+
+
+def test_bad_dynamic_spec_exit_code(tmp_path):
+    r = tcexport(EXAMPLES / "mlp.py", "--dynamic", "batch=9:3", "-o", tmp_path / "x.tcpkg")
+    assert r.returncode == 12 and "empty" in r.stderr
+
+
+def test_tcpkg_inspect_and_run(tmp_path):
+    pkg = tmp_path / "mlp.tcpkg"
+    assert tcexport(EXAMPLES / "mlp.py", "-o", pkg, "-q").returncode == 0
+    text = tcpkg("inspect", pkg)
+    assert text.returncode == 0 and "batch: 1..1024" in text.stdout and "sha256" in text.stdout
+    x = np.random.default_rng(0).standard_normal((6, 64), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = tcpkg("run", pkg, "--input", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    y = np.load(tmp_path / "out" / "output.npy")
+    assert y.shape == (6, 32) and np.allclose(y.sum(axis=1), 1, atol=1e-5)
+    np.save(tmp_path / "bad.npy", x[:, :10])
+    bad = tcpkg("run", pkg, "--input", f"x={tmp_path / 'bad.npy'}")
+    assert bad.returncode == 5 and "dim 1" in bad.stderr

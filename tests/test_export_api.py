@@ -1,0 +1,111 @@
+"""The Python API, dynamic-shape specs, model-file errors, and the IR's own checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tcexport.loader as L
+from tcexport.exporter import dynamic, export
+from tcexport.exporter.errors import DynamicSpecError, ModelFileError
+from tcexport.exporter.model_file import load_model_file
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.sigmoid(self.lin(x)) * 2 - 1
+
+
+@pytest.mark.slow
+def test_python_api_round_trip(tmp_path):
+    torch.manual_seed(0)
+    m = Tiny()
+    pkg = export(m, (torch.randn(3, 8),), dynamic_shapes={"x": {0: ("n", 1, 100)}})
+    path = pkg.save(tmp_path / "tiny.tcpkg")
+    loaded = L.load(path)
+    assert [(s.name, list(s.shape)) for s in loaded.inputs] == [("x", ["n", 8])]
+    x = np.random.default_rng(0).standard_normal((100, 8), dtype=np.float32)
+    np.testing.assert_allclose(loaded(x), m(torch.from_numpy(x)).detach().numpy(), atol=1e-6, rtol=1e-5)
+    assert loaded(x=x).shape == (100, 4)
+
+
+@pytest.mark.slow
+def test_static_export_has_no_symbols(tmp_path):
+    pkg = export(Tiny(), (torch.randn(3, 8),))
+    loaded = L.load(pkg.save(tmp_path / "static.tcpkg"))
+    assert loaded.manifest.symbols == () and list(loaded.inputs[0].shape) == [3, 8]
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("batch", ({"x": {0: "batch"}, "m": {0: "batch"}}, (1, None))),
+    ("batch=1:512", ({"x": {0: "batch"}, "m": {0: "batch"}}, (1, 512))),
+    ("seq@x.1,m.1", ({"x": {1: "seq"}, "m": {1: "seq"}}, (1, None))),
+    ("seq=2:2048@x.1", ({"x": {1: "seq"}}, (2, 2048))),
+    ("batch=:64", ({"x": {0: "batch"}, "m": {0: "batch"}}, (1, 64))),
+])
+def test_cli_dynamic_specs(text, expect):
+    sym, places = dynamic.parse_cli_spec(text, ["x", "m"], [2, 2])
+    assert places == expect[0] and (sym.min, sym.max) == expect[1]
+
+
+@pytest.mark.parametrize("text", ["", "1batch", "batch=5:2", "batch@x", "batch=a:b", "seq@x.one"])
+def test_bad_cli_dynamic_specs(text):
+    with pytest.raises(DynamicSpecError):
+        dynamic.parse_cli_spec(text, ["x"], [2])
+
+
+def test_dynamic_spec_checks_inputs_and_ranges():
+    ex = (torch.zeros(4, 3),)
+    with pytest.raises(DynamicSpecError, match="forward\\(\\) takes"):
+        dynamic.resolve(["x"], ex, None, ["n@y.0"])
+    with pytest.raises(DynamicSpecError, match="rank 2"):
+        dynamic.resolve(["x"], ex, None, ["n@x.2"])
+    with pytest.raises(DynamicSpecError, match="outside the range"):
+        dynamic.resolve(["x"], ex, None, ["n=8:16"])
+    with pytest.raises(DynamicSpecError):
+        dynamic.resolve(["x"], ex, {"x": {0: ("n", 1)}}, [])
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ("x = 1\n", "defines no `model`"),
+    ("model = 3\nexample_inputs = ()\n", "should be an nn.Module"),
+    ("import torch\nmodel = torch.nn.ReLU()\n", "defines no `example_inputs`"),
+    ("import torch\nmodel = torch.nn.ReLU()\ndef example_inputs():\n    return [1]\n", "should be a torch.Tensor"),
+    ("import torch\ndef model():\n    return 5\nexample_inputs = ()\n", "should return a torch.nn.Module"),
+    ("raise RuntimeError('boom in user code')\n", "boom in user code"),
+    ("import torch\nmodel = torch.nn.ReLU()\nexample_inputs = lambda: (torch.zeros(2),)\ndynamic_shapes = [1]\n",
+     "dynamic_shapes should be a dict"),
+])
+def test_model_file_errors(tmp_path, source, fragment):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    with pytest.raises(ModelFileError, match=None) as info:
+        load_model_file(path)
+    assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_missing_model_file(tmp_path):
+    with pytest.raises(ModelFileError, match="no such file"):
+        load_model_file(tmp_path / "nope.py")
+
+
+def test_ir_prints_and_verifies():
+    from tcexport.exporter import capture, fuse, lower
+
+    spec = load_model_file(__import__("packages").EXAMPLES / "mlp.py")
+    prog, _ = lower.lower(capture.capture(spec, []))
+    prog.verify()
+    text = str(prog)
+    assert "gemm(" in text and "erf(" in text and "batch in [1, 1024]" in text
+    kernels = fuse.fuse(prog)
+    prog.verify()
+    assert "registers=" in str(kernels[1])
+    # a broken program is caught
+    prog.nodes.reverse()
+    with pytest.raises(AssertionError):
+        prog.verify()

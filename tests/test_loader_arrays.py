@@ -1,0 +1,65 @@
+"""Input/output conversion: numpy passes, torch tensors go through DLPack and come back as torch."""
+
+import numpy as np
+import pytest
+
+from tcexport.formats.errors import DtypeError
+from tcexport.loader.arrays import convert_inputs, convert_outputs, to_numpy
+from tcexport.loader.dtypes import dtype_name
+
+
+def test_numpy_passes_through_without_copy():
+    a = np.ones((2, 3), np.float32)
+    assert to_numpy(a, "x") is a
+
+
+def test_non_contiguous_is_made_contiguous_and_scalars_stay_0d():
+    a = np.ones((4, 3), np.float32).T
+    out = to_numpy(a, "x")
+    assert out.flags.c_contiguous and np.array_equal(out, a)
+    assert to_numpy(np.array(2.0), "t").shape == ()
+
+
+def test_array_protocol_and_rejection():
+    class HasArray:
+        def __array__(self, dtype=None, copy=None):
+            return np.arange(3, dtype=np.int32)
+    assert to_numpy(HasArray(), "x").dtype == np.int32
+    with pytest.raises(DtypeError, match="input 'x'.*list"):
+        to_numpy([1, 2, 3], "x")
+
+
+def test_torch_round_trip():
+    torch = pytest.importorskip("torch")
+    t = torch.randn(3, 4, requires_grad=True)
+    arrays, as_torch = convert_inputs([t, np.zeros(2)], ["x", "y"])
+    assert as_torch and arrays[0].dtype == np.float32
+    np.testing.assert_array_equal(arrays[0], t.detach().numpy())
+    out = convert_outputs([arrays[0] * 2], as_torch)[0]
+    assert isinstance(out, torch.Tensor) and torch.equal(out, t.detach() * 2)
+
+
+def test_torch_zero_copy_and_transposed():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    a = to_numpy(t, "x")
+    a[0, 0] = 42
+    assert t[0, 0] == 42   # shares memory
+    tt = t.t()
+    assert np.array_equal(to_numpy(tt, "x"), tt.numpy())
+
+
+def test_torch_bfloat16_and_bool():
+    torch = pytest.importorskip("torch")
+    t = torch.tensor([1.0, 2.5], dtype=torch.bfloat16)
+    a = to_numpy(t, "x")
+    assert dtype_name(a.dtype) == "bfloat16"
+    back = convert_outputs([a], True)[0]
+    assert back.dtype == torch.bfloat16 and torch.equal(back, t)
+    b = convert_outputs([to_numpy(torch.tensor([True, False]), "m")], True)[0]
+    assert b.dtype == torch.bool
+
+
+def test_numpy_only_calls_get_numpy_back():
+    arrays, as_torch = convert_inputs([np.zeros(2)], ["x"])
+    assert not as_torch and convert_outputs(arrays, as_torch)[0] is arrays[0]
