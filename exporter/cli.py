@@ -39,6 +39,9 @@ def export(
     dump: Optional[Path] = typer.Option(None, "--dump", help="write every stage's output into this folder"),
     verify: bool = typer.Option(False, "--verify", help="after export, run the package torch-free and "
                                 "compare with eager PyTorch"),
+    onnx: bool = typer.Option(False, "--onnx", help="also write OUT.onnx (same dynamic dims), checked with "
+                              "onnx.checker"),
+    onnx_embed: bool = typer.Option(False, "--onnx-embed", help="like --onnx, and store it inside the archive"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress output"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
@@ -54,7 +57,8 @@ def export(
         spec = load_model_file(model_file)
         pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
                               dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
-                              source_path=str(model_file))
+                              source_path=str(model_file),
+                              onnx="embed" if onnx_embed else "file" if onnx else None)
         pkg.save(out)
         seconds = time.perf_counter() - t0
         summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),
@@ -64,6 +68,10 @@ def export(
                    "symbols": {s.name: [s.min, s.max] for s in pkg.manifest.symbols},
                    "kernels": pkg.manifest.plan["kernels"],
                    "targets": [f"{k.target}:{k.isa}" for k in pkg.manifest.kernels]}
+        if pkg.onnx is not None:
+            from .onnx_export import write_onnx
+
+            summary["onnx"] = str(write_onnx(pkg.onnx, out.with_suffix(".onnx")))
         if not quiet:
             print(f"wrote {out} ({summary['bytes']:,} bytes, {len(summary['kernels'])} kernels) "
                   f"in {seconds:.2f} s", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from . import build as build_mod
+from . import dynamic
 from . import capture as capture_mod
 from . import codegen_cpp, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
 from .errors import ExportError
@@ -39,6 +40,7 @@ class State:
     libraries: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
     output_is_single: bool = True
+    onnx: tuple | None = None  # (bytes, opset) when --onnx asked for it
 
 
 def stage_capture(st: State) -> str:
@@ -89,10 +91,20 @@ STAGES: list[tuple[str, Callable[[State], str], str]] = [
 ]
 
 
-def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, float], None] | None = None) -> State:
+def stage_onnx(st: State) -> str:
+    from .onnx_export import export_onnx_bytes
+
+    symbols, places = dynamic.resolve(st.spec.input_names, st.spec.example_inputs, st.spec.dynamic_shapes,
+                                      st.dynamic)
+    st.onnx = export_onnx_bytes(st.spec, symbols, places)
+    return f"ONNX opset {st.onnx[1]}, {len(st.onnx[0])} bytes"
+
+
+def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, float], None] | None = None,
+               onnx: bool = False) -> State:
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
-    for name, fn, dump_name in STAGES:
+    for name, fn, dump_name in STAGES + ([("onnx", stage_onnx, "onnx.txt")] if onnx else []):
         t0 = time.perf_counter()
         text = fn(st)
         st.timings[name] = time.perf_counter() - t0
@@ -115,11 +127,13 @@ def parse_targets(targets) -> tuple:
 
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
-           cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None):
+           cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
+           onnx: str | None = None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
-    ``dynamic`` takes the CLI's `--dynamic` strings.
+    ``dynamic`` takes the CLI's `--dynamic` strings. ``onnx="file"`` also exports the model to ONNX
+    (``package.onnx`` holds the bytes), ``onnx="embed"`` stores it inside the archive as well.
     """
     from tcexport.packager.package import package
 
@@ -129,9 +143,11 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None)
-    run_stages(st, Path(dump) if dump else None, on_stage)
+    if onnx not in (None, "file", "embed"):
+        raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
+    run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)
     t0 = time.perf_counter()
-    pkg = package(st, name or type(model).__name__)
+    pkg = package(st, name or type(model).__name__, embed_onnx=onnx == "embed")
     st.timings["package"] = time.perf_counter() - t0
     if on_stage is not None:
         on_stage("package", st.timings["package"])

@@ -80,6 +80,7 @@ class Manifest:
     plan: dict             # informational: kernel names in launch order, planned peak, ...
     sources: tuple
     members: dict = field(default_factory=dict)  # path -> {"sha256": hex, "size": int}
+    onnx: dict | None = None  # optional: {"file": member, "opset": int}, the same model as ONNX
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
@@ -101,6 +102,7 @@ class Manifest:
             "plan": {**self.plan, "workspace_bytes": self.workspace_bytes},
             "sources": list(self.sources),
             "members": {k: dict(v) for k, v in sorted(self.members.items())},
+            **({"onnx": dict(self.onnx)} if self.onnx is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -225,7 +227,12 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
                 or not isinstance(info.get("size"), int):
             raise FormatError(f"manifest: members[{path!r}] should be {{'sha256': 64 hex digits, 'size': int}}")
     model = _need(d, "model", dict, "manifest")
+    onnx = d.get("onnx")
+    if onnx is not None and (not isinstance(onnx, dict) or not isinstance(onnx.get("file"), str)
+                             or not isinstance(onnx.get("opset"), int)):
+        raise FormatError(f"manifest: onnx should be {{'file': member, 'opset': int}}, found {onnx!r:.80}")
     referenced = [w.get("file")] + [k.file for k in kernels] + list(d.get("sources", []))
+    referenced += [onnx["file"]] if onnx is not None else []
     for ref in referenced:
         if ref not in members:
             raise FormatError(f"manifest: refers to member {ref!r}, which is not listed in members")
@@ -235,4 +242,5 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
         model=str(model.get("name", "")), symbols=tuple(symbols), inputs=inputs, outputs=outputs,
         output_structure=structure, guards=tuple(guards), weights_file=_need(w, "file", str, "weights"),
         weights=weights, kernels=tuple(kernels), workspace_bytes=workspace, plan=plan,
-        sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members))
+        sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members),
+        onnx=dict(onnx) if onnx is not None else None)

@@ -19,6 +19,7 @@ TCEXPORT_VERSION = "0.1.0"
 WEIGHTS_FILE = "weights.safetensors"
 CPP_SOURCE = "src/cpu/model.cpp"
 KERNELS_TEXT = "src/kernels.txt"
+ONNX_FILE = "model.onnx"
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Package:
     manifest: Manifest
     members: dict
     timings: dict
+    onnx: bytes | None = None  # the model as ONNX, when the export asked for it
 
     def save(self, path) -> Path:
         return write_archive(Path(path), self.manifest, self.members)
@@ -49,7 +51,7 @@ def _spec(prog, low, name) -> TensorSpec:
     return TensorSpec(low.weight_keys[name], buf.dtype, tuple(to_expr(s) for s in buf.shape))
 
 
-def package(st, model_name: str) -> Package:
+def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     from tcexport.exporter.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
 
     prog, low = st.program, st.lowering
@@ -65,6 +67,10 @@ def package(st, model_name: str) -> Package:
         bundles.append(KernelBundle(target="cpu", isa=isa.name, requires=tuple(isa.requires), file=path,
                                     abi=CPU_ABI_VERSION, entry="tc_run", libraries=tuple(LIBRARIES),
                                     blas=tuple(st.blas)))
+    onnx = None
+    if embed_onnx and st.onnx is not None:
+        members[ONNX_FILE] = st.onnx[0]
+        onnx = {"file": ONNX_FILE, "opset": st.onnx[1]}
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
@@ -82,5 +88,6 @@ def package(st, model_name: str) -> Package:
         plan={"kernels": [k.name for k in st.kernels],
               "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes)},
         sources=(CPP_SOURCE, KERNELS_TEXT),
+        onnx=onnx,
     )
-    return Package(manifest, members, dict(st.timings))
+    return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None)

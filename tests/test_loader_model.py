@@ -104,8 +104,10 @@ def test_cache_is_content_addressed_and_tamper_rewritten(package, tmp_path):
     cached = model._native.path
     sha = model.manifest.members[KERNEL_FILE]["sha256"]
     assert cached.name == f"{sha}.so" and cached.parent == tmp_path / "cache" / "kernels"
-    os.chmod(cached, 0o644)
-    cached.write_bytes(b"tampered")
+    # replace the file (never rewrite it in place: this process has it mapped, and a truncated mapping is SIGBUS)
+    tampered = cached.with_name("tampered.tmp")
+    tampered.write_bytes(b"tampered")
+    os.replace(tampered, cached)
     model2 = native_cpu.extract(model.archive, model._native.bundle, tmp_path / "cache")
     assert model2 == cached and native_cpu._file_sha256(cached) == sha
 
@@ -212,12 +214,13 @@ def test_cli_inspect(package):
     assert j["verified"] is True and j["manifest"]["model"]["name"] == "add"
 
 
-def test_cli_inspect_altered_package(package):
+def test_cli_inspect_altered_package(package, tmp_path):
     raw = bytearray(package.read_bytes())
     idx = raw.find(b"tc_abi_version")
     raw[idx] ^= 0xFF
-    package.write_bytes(bytes(raw))
-    r = _tcpkg("inspect", str(package), "--json")
+    altered = tmp_path / "altered.tcpkg"  # a copy: the fixture's archive is mapped by models loaded earlier
+    altered.write_bytes(bytes(raw))
+    r = _tcpkg("inspect", str(altered), "--json")
     assert r.returncode == 3 and r.stderr.startswith("error: ") and "SHA-256" in r.stderr
     assert json.loads(r.stdout)["verified"] is False
 

@@ -1,0 +1,72 @@
+"""`--onnx`: the same model, with the same dynamic dimensions, as an ONNX file (for ONNX Runtime users and
+for the benchmark harness, which compares against ONNX Runtime on exactly this file).
+
+Export goes through ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` and the result is checked with
+``onnx.checker`` before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import dynamic
+from .errors import ExportError
+from .model_file import ModelSpec
+
+
+class OnnxExportError(ExportError):
+    exit_code = 16
+
+
+def export_onnx_bytes(spec: ModelSpec, symbols: dict, places: dict) -> tuple[bytes, int]:
+    """The model as ONNX bytes and its default-domain opset."""
+    try:
+        import onnx
+    except ImportError as e:
+        raise OnnxExportError("--onnx needs the `onnx` and `onnxscript` packages: pip install 'tcexport[export]'") from e
+    # torch.onnx logs a warning per missing torchvision op; none of them concern the user's model
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places)
+    try:
+        with torch.no_grad():
+            program = torch.onnx.export(spec.module, spec.example_inputs, dynamo=True, dynamic_shapes=shapes,
+                                        input_names=list(spec.input_names), verbose=False)
+    except Exception as e:
+        raise OnnxExportError(f"torch.onnx.export failed for {spec.path}: {type(e).__name__}: {e}") from e
+    with tempfile.TemporaryDirectory(prefix="tcexport-onnx-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        program.save(str(path))
+        if any(p.name != "model.onnx" for p in Path(tmp).iterdir()):
+            raise OnnxExportError("the ONNX model needs external data files (over 2 GB); not supported yet")
+        try:
+            onnx.checker.check_model(str(path), full_check=True)
+        except Exception as e:
+            raise OnnxExportError(f"onnx.checker rejected the exported model: {e}") from e
+        data = path.read_bytes()
+    model = onnx.load_from_string(data)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return data, int(opset)
+
+
+def write_onnx(data: bytes, path: Path) -> Path:
+    """Atomically, like the archive: a temp file in the same folder, then rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
