@@ -1,0 +1,278 @@
+"""The backends a benchmark compares, each on the same module, inputs and thread count.
+
+A backend builds an artifact (or nothing), loads it into a callable, and writes the Python source of a fresh
+process that goes from its first import to its first result (the cold start).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .models import ROOT, BenchModel
+
+
+@dataclass
+class Context:
+    device: str          # "cpu" or "cuda"
+    threads: int
+    workdir: Path
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class Built:
+    seconds: float
+    size_bytes: int | None
+    artifact: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def to_device(inputs: tuple, ctx: Context) -> tuple:
+    out = []
+    for t in inputs:
+        t = t.to(ctx.device)
+        out.append(t.to(ctx.dtype) if t.is_floating_point() else t)
+    return tuple(out)
+
+
+def module_for(bm: BenchModel, ctx: Context) -> torch.nn.Module:
+    return bm.build().to(device=ctx.device, dtype=ctx.dtype)
+
+
+def torch_dynamic_shapes(bm: BenchModel) -> dict:
+    dims: dict = {}
+    out = {}
+    for name, spec in bm.dynamic_shapes.items():
+        out[name] = {}
+        for d, (sym, lo, hi) in spec.items():
+            dims.setdefault(sym, torch.export.Dim(sym, min=lo, max=hi))
+            out[name][d] = dims[sym]
+    return out
+
+
+def _weights_file(bm: BenchModel, ctx: Context) -> Path:
+    """The module's weights as safetensors, so a cold-start process loads them as a server would."""
+    from safetensors.torch import save_file
+
+    path = ctx.workdir / f"{bm.name}-{str(ctx.dtype).split('.')[-1]}.safetensors"
+    if not path.exists():
+        state = {k: v.detach().cpu().contiguous().clone() for k, v in module_for(bm, Context("cpu", 1, ctx.workdir, ctx.dtype))
+                 .state_dict().items()}
+        save_file(state, str(path))
+    return path
+
+
+COLD_PRELUDE = """import time, json, resource, sys
+t0 = time.perf_counter()
+"""
+COLD_EPILOGUE = """
+seconds = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+dev = None
+if "torch" in sys.modules and sys.modules["torch"] is not None and sys.modules["torch"].cuda.is_available():
+    dev = sys.modules["torch"].cuda.max_memory_allocated() / 2**20
+print(json.dumps({"seconds": seconds, "peak_rss_mb": rss, "peak_device_mb": dev}))
+"""
+
+
+def _torch_cold(bm: BenchModel, ctx: Context, inputs_npz: Path, make: str) -> str:
+    return COLD_PRELUDE + f"""
+import torch, numpy as np
+sys.path.insert(0, {str(ROOT)!r})
+from bench.models import get
+from safetensors.torch import load_file
+torch.set_num_threads({ctx.threads})
+bm = get({bm.name!r})
+m = bm.build()
+m.load_state_dict(load_file({str(_weights_file(bm, ctx))!r}), strict=False)
+m = m.to(device={ctx.device!r}, dtype={ctx.dtype})
+data = np.load({str(inputs_npz)!r})
+xs = [torch.from_numpy(data[k]).to({ctx.device!r}) for k in sorted(data.files)]
+xs = [x.to({ctx.dtype}) if x.is_floating_point() else x for x in xs]
+{make}
+with torch.no_grad():
+    y = run(*xs)
+if {ctx.device!r} == "cuda":
+    torch.cuda.synchronize()
+""" + COLD_EPILOGUE
+
+
+class Eager:
+    name = "eager"
+
+    def build(self, bm, ctx) -> Built:
+        m = module_for(bm, ctx)
+        size = sum(t.numel() * t.element_size() for t in m.state_dict().values())
+        return Built(0.0, size, extra={"module": m})
+
+    def load(self, built, bm, ctx):
+        m = built.extra["module"]
+        return lambda *xs: m(*xs)
+
+    def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
+        return _torch_cold(bm, ctx, inputs_npz, "run = m")
+
+
+class Compile:
+    """torch.compile; the build time is the first call's (compilation happens there)."""
+
+    def __init__(self, mode: str | None = None):
+        self.mode = mode
+        self.name = "torch.compile" + (f"({mode})" if mode else "")
+
+    def build(self, bm, ctx) -> Built:
+        m = module_for(bm, ctx)
+        fn = torch.compile(m, mode=self.mode)
+        xs = to_device(bm.inputs(1), ctx)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn(*xs)
+        _sync(ctx)
+        return Built(time.perf_counter() - t0, None, extra={"fn": fn})
+
+    def load(self, built, bm, ctx):
+        return built.extra["fn"]
+
+    def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
+        mode = repr(self.mode)
+        return _torch_cold(bm, ctx, inputs_npz, f"run = torch.compile(m, mode={mode})")
+
+
+class AOTInductor:
+    name = "AOTInductor"
+
+    def build(self, bm, ctx) -> Built:
+        m = module_for(bm, ctx)
+        xs = to_device(bm.inputs(2), ctx)
+        path = ctx.workdir / f"{bm.name}-{ctx.device}.pt2"
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ep = torch.export.export(m, xs, dynamic_shapes=torch_dynamic_shapes(bm))
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
+        return Built(time.perf_counter() - t0, path.stat().st_size, path)
+
+    def load(self, built, bm, ctx):
+        return torch._inductor.aoti_load_package(str(built.artifact))
+
+    def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
+        return COLD_PRELUDE + f"""
+import torch, numpy as np
+torch.set_num_threads({ctx.threads})
+run = torch._inductor.aoti_load_package({str(built.artifact)!r})
+data = np.load({str(inputs_npz)!r})
+xs = [torch.from_numpy(data[k]).to({ctx.device!r}) for k in sorted(data.files)]
+xs = [x.to({ctx.dtype}) if x.is_floating_point() else x for x in xs]
+y = run(*xs)
+if {ctx.device!r} == "cuda":
+    torch.cuda.synchronize()
+""" + COLD_EPILOGUE
+
+
+class OnnxRuntime:
+    """ONNX Runtime on the file `tcexport --onnx` writes for the same model."""
+
+    name = "onnxruntime"
+
+    def build(self, bm, ctx) -> Built:
+        from tcexport.exporter.dynamic import SymbolSpec
+        from tcexport.exporter.model_file import ModelSpec, forward_input_names
+        from tcexport.exporter.onnx_export import export_onnx_bytes, write_onnx
+
+        if ctx.dtype != torch.float32:
+            raise NotImplementedError("the ONNX backend is benchmarked in float32 only")
+        m = bm.build()
+        xs = bm.inputs(2)
+        names = forward_input_names(m, len(xs))
+        symbols = {s: SymbolSpec(s, lo, hi) for spec in bm.dynamic_shapes.values() for s, lo, hi in spec.values()}
+        places = {n: {d: s for d, (s, _, _) in spec.items()} for n, spec in bm.dynamic_shapes.items()}
+        t0 = time.perf_counter()
+        data, _ = export_onnx_bytes(ModelSpec(Path(bm.name), m, xs, names, None), symbols, places)
+        path = write_onnx(data, ctx.workdir / f"{bm.name}.onnx")
+        return Built(time.perf_counter() - t0, path.stat().st_size, path, extra={"names": names})
+
+    def _session(self, path, ctx):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = ctx.threads
+        opts.inter_op_num_threads = 1
+        providers = ["CUDAExecutionProvider"] if ctx.device == "cuda" else ["CPUExecutionProvider"]
+        if ctx.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        return ort.InferenceSession(str(path), opts, providers=providers)
+
+    def load(self, built, bm, ctx):
+        sess = self._session(built.artifact, ctx)
+        names = [i.name for i in sess.get_inputs()]
+        return lambda *xs: sess.run(None, {n: x.cpu().numpy() for n, x in zip(names, xs)})[0]
+
+    def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
+        return COLD_PRELUDE + f"""
+import numpy as np, onnxruntime as ort
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = {ctx.threads}
+opts.inter_op_num_threads = 1
+sess = ort.InferenceSession({str(built.artifact)!r}, opts, providers=["CPUExecutionProvider"])
+data = np.load({str(inputs_npz)!r})
+names = [i.name for i in sess.get_inputs()]
+y = sess.run(None, {{n: data[k] for n, k in zip(names, sorted(data.files))}})
+""" + COLD_EPILOGUE
+
+
+class Tcpkg:
+    """The `.tcpkg` package, built with a fresh kernel cache so the build time includes the C++ compile."""
+
+    name = "tcpkg"
+
+    def build(self, bm, ctx) -> Built:
+        from tcexport.exporter import export
+
+        m = bm.build()
+        path = ctx.workdir / f"{bm.name}-{str(ctx.dtype).split('.')[-1]}.tcpkg"
+        target = "cpu" if ctx.device == "cpu" else "cuda:sm_90"
+        t0 = time.perf_counter()
+        pkg = export(m.to(ctx.dtype), bm.inputs(2), dynamic_shapes=bm.dynamic_shapes, targets=(target,),
+                     cache_dir=ctx.workdir / f"cache-{bm.name}-{os.getpid()}-{time.time_ns()}")
+        pkg.save(path)
+        return Built(time.perf_counter() - t0, path.stat().st_size, path)
+
+    def load(self, built, bm, ctx):
+        import tcexport.loader as L
+
+        model = L.load(built.artifact, device=ctx.device, num_threads=ctx.threads)
+        return lambda *xs: model(*xs)
+
+    def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
+        return COLD_PRELUDE + f"""
+sys.modules["torch"] = None  # a server without torch
+import numpy as np
+import tcexport.loader as L
+m = L.load({str(built.artifact)!r}, device={ctx.device!r}, num_threads={ctx.threads})
+data = np.load({str(inputs_npz)!r})
+y = m(*[data[k] for k in sorted(data.files)])
+""" + COLD_EPILOGUE
+
+
+def _sync(ctx: Context) -> None:
+    if ctx.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def backends_for(device: str) -> list:
+    if device == "cuda":
+        return [Eager(), Compile(), Compile("reduce-overhead"), AOTInductor(), OnnxRuntime(), Tcpkg()]
+    return [Eager(), Compile(), AOTInductor(), OnnxRuntime(), Tcpkg()]
+
+
+def as_numpy(y) -> np.ndarray:
+    if isinstance(y, (tuple, list)):
+        y = y[0]
+    if isinstance(y, torch.Tensor):
+        return y.detach().float().cpu().numpy() if y.dtype == torch.bfloat16 else y.detach().cpu().numpy()
+    return np.asarray(y)
