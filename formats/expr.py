@@ -118,3 +118,20 @@ def to_text(expr: Expr) -> str:
         return f"not ({args[0]})"
     wrapped = [a if isinstance(e, (int, str)) else f"({a})" for a, e in zip(args, expr[1:])]
     return _INFIX[op].join(wrapped)
+
+
+def compile_expr(expr: Expr):
+    """A validated expression as a closure ``env -> int``: the per-call path evaluates shapes without walking
+    the tree each time. Built from the tree with Python closures, never with ``eval``."""
+    if isinstance(expr, int):
+        return lambda env: expr
+    if isinstance(expr, str):
+        return lambda env: env[expr]
+    op, args = expr[0], [compile_expr(a) for a in expr[1:]]
+    if op == "*" and len(args) == 2:
+        a, b = args
+        return lambda env: a(env) * b(env)
+    if op == "+" and len(args) == 2:
+        a, b = args
+        return lambda env: a(env) + b(env)
+    return lambda env: evaluate(expr, env)

@@ -22,7 +22,11 @@ def is_torch_tensor(value) -> bool:
 
 def to_numpy(value, name: str) -> np.ndarray:
     """One input as an aligned C-contiguous numpy array (copied only if needed); never changes its dtype."""
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:
+        if value.flags.c_contiguous and value.flags.aligned:
+            return value
+        arr = value
+    elif isinstance(value, np.ndarray):
         arr = value
     elif is_torch_tensor(value):
         arr = _from_torch(value, name)
@@ -58,7 +62,7 @@ def _from_torch(t, name: str) -> np.ndarray:
 
 def convert_inputs(values, names) -> tuple[list[np.ndarray], bool]:
     """All inputs as numpy arrays, and whether any came as a torch tensor (then outputs go back as torch)."""
-    as_torch = any(is_torch_tensor(v) for v in values)
+    as_torch = any(type(v) is not np.ndarray and is_torch_tensor(v) for v in values)
     return [to_numpy(v, n) for v, n in zip(values, names)], as_torch
 
 

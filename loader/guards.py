@@ -18,7 +18,7 @@ from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RankEr
                                      StaticDimError, SymbolConflictError, SymbolRangeError)
 from tcexport.formats.manifest import Manifest
 
-from .dtypes import dtype_name
+from .dtypes import dtype_name, numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class GuardPlan:
         self.names = tuple(s.name for s in manifest.inputs)
         self.ranks = tuple(len(s.shape) for s in manifest.inputs)
         self.dtypes = tuple(s.dtype for s in manifest.inputs)
+        # fast path: plain (untagged, native-order) numpy dtypes compare directly; bfloat16 takes the slow path
+        self._plain = tuple(None if d == "bfloat16" else numpy_dtype(d) for d in self.dtypes)
         self.ranges = {s.name: (s.min, s.max) for s in manifest.symbols}
         self.static: list[tuple[int, int, int]] = []     # (input index, dim, size)
         self.binders: list[tuple[int, int, str]] = []     # (input index, dim, symbol), in binding order
@@ -99,7 +101,9 @@ class GuardPlan:
                     input=name, expected=rank, got=arr.ndim, rule="rank")
 
     def _check_dtypes(self, arrays) -> None:
-        for name, dtype, arr in zip(self.names, self.dtypes, arrays):
+        for name, dtype, plain, arr in zip(self.names, self.dtypes, self._plain, arrays):
+            if plain is not None and arr.dtype == plain and arr.dtype.metadata is None and arr.dtype.isnative:
+                continue
             got = dtype_name(arr.dtype)
             if got != dtype or not arr.dtype.isnative:
                 shown = got if arr.dtype.isnative else f"{got} (non-native byte order)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import threading
 
 import numpy as np
 
@@ -75,7 +76,9 @@ class Model:
         self._symbol_names = tuple(m.symbol_names())
         self._weights = tuple(weights[w.name] for w in m.weights)   # keeps the views (and mapping) alive
         self._weight_ptrs = (ctypes.c_void_p * len(self._weights))(*[w.ctypes.data for w in self._weights])
-        self._outputs = tuple((s.shape, numpy_dtype(s.dtype)) for s in m.outputs)
+        self._outputs = tuple((tuple(ex.compile_expr(d) for d in s.shape), numpy_dtype(s.dtype)) for s in m.outputs)
+        self._workspace_bytes = ex.compile_expr(m.workspace_bytes)
+        self._local = threading.local()  # per-thread ctypes call buffers, reused across calls
 
     @property
     def path(self) -> pathlib.Path:
@@ -128,29 +131,52 @@ class Model:
                              got=sorted(values), rule="arity")
         return [values[n] for n in names]
 
+    def _buffers(self) -> "_CallBuffers":
+        buf = getattr(self._local, "buffers", None)
+        if buf is None:
+            buf = self._local.buffers = _CallBuffers(self)
+        return buf
+
     def _run(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
         outputs = [np.empty(self._shape(shape, env), dtype) for shape, dtype in self._outputs]
-        workspace, ws_ptr = _workspace(ex.evaluate(self.manifest.workspace_bytes, env))
-        error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
-        ctx = native_cpu.TcContext(CPU_ABI_VERSION, self.num_threads,
-                                   (ctypes.c_void_p * native_cpu.MAX_BLAS)(*self._native.blas),
-                                   ctypes.addressof(error), ERROR_BUFFER_BYTES)
-        symbols = (ctypes.c_int64 * max(len(self._symbol_names), 1))(*[env[s] for s in self._symbol_names])
-        inputs = (ctypes.c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
-        outs = (ctypes.c_void_p * max(len(outputs), 1))(*[o.ctypes.data for o in outputs])
-        rc = self._native.run(ctypes.byref(ctx), symbols, inputs, self._weight_ptrs, outs, ws_ptr)
+        workspace, ws_ptr = _workspace(self._workspace_bytes(env))
+        b = self._buffers()
+        for k, s in enumerate(self._symbol_names):
+            b.symbols[k] = env[s]
+        for k, a in enumerate(arrays):
+            b.inputs[k] = a.ctypes.data
+        for k, o in enumerate(outputs):
+            b.outputs[k] = o.ctypes.data
+        b.error[0] = b"\0"
+        rc = self._native.run(b.ctx_ref, b.symbols, b.inputs, self._weight_ptrs, b.outputs, ws_ptr)
         del workspace  # the buffer had to live until the native call returned
         if rc != 0:
-            message = error.value.decode("utf-8", errors="replace") or "no message"
+            message = b.error.value.decode("utf-8", errors="replace") or "no message"
             raise RuntimeKernelError(f"model {self.manifest.model!r}: kernel library {self._native.bundle.file!r} "
                                      f"failed with code {rc}: {message}")
         return outputs
 
     def _shape(self, shape: tuple, env: dict[str, int]) -> tuple[int, ...]:
-        dims = tuple(ex.evaluate(d, env) for d in shape)
+        dims = tuple(d(env) for d in shape)
         if any(d < 0 for d in dims):
-            raise FormatError(f"manifest output shape {list(shape)} is negative for {env}; rebuild the package")
+            raise FormatError(f"manifest output shape {dims} is negative for {env}; rebuild the package")
         return dims
+
+
+class _CallBuffers:
+    """The ctypes objects one call needs, made once per thread: the context, its error buffer, and the
+    pointer arrays. Threads never share them, so concurrent calls stay independent."""
+
+    def __init__(self, model: Model):
+        n = lambda k: max(k, 1)
+        self.error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
+        self.ctx = native_cpu.TcContext(CPU_ABI_VERSION, model.num_threads,
+                                        (ctypes.c_void_p * native_cpu.MAX_BLAS)(*model._native.blas),
+                                        ctypes.addressof(self.error), ERROR_BUFFER_BYTES)
+        self.ctx_ref = ctypes.byref(self.ctx)
+        self.symbols = (ctypes.c_int64 * n(len(model._symbol_names)))()
+        self.inputs = (ctypes.c_void_p * n(len(model._input_names)))()
+        self.outputs = (ctypes.c_void_p * n(len(model._outputs)))()
 
 
 def _workspace(nbytes: int) -> tuple[np.ndarray | None, int | None]:

@@ -79,3 +79,12 @@ def test_valid_expressions_evaluate_to_ints(e, a, b):
     v = ex.evaluate(e, {"a": a, "b": b})
     assert isinstance(v, int) and not isinstance(v, bool)
     assert isinstance(ex.to_text(e), str)
+
+
+def test_compiled_expressions_agree_with_evaluate():
+    from tcexport.formats.expr import compile_expr, evaluate
+
+    env = {"batch": 7, "seq": 13}
+    for e in [5, "batch", ["*", 2048, "batch"], ["+", "batch", 1], ["*", 2, "batch", "seq"],
+              ["//", ["+", "seq", 63], 64], ["max", "batch", ["-", "seq", 20]], ["%", "seq", 4]]:
+        assert compile_expr(e)(env) == evaluate(e, env), e
