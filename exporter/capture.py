@@ -40,7 +40,20 @@ class Captured:
 def decomposition_table():
     table = torch.export.default_decompositions()
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
+    table[aten._scaled_dot_product_flash_attention_for_cpu.default] = _sdpa_flash_cpu
     return table
+
+
+def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """SDPA as its math parts (bmm, softmax), keeping the layout the fused CPU op reports: contiguous
+    [N, H, L, E]. torch's own decomposition returns an [L, N, H, E]-ordered layout, after which a model's
+    ``.transpose(1, 2).reshape(...)`` + ``.view(-1, d)`` (GPT-2) no longer traces."""
+    if dropout_p != 0.0:
+        raise CaptureError("scaled_dot_product_attention with dropout_p != 0 cannot be exported (call eval())")
+    output, attn = aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, dropout_mask=None,
+        scale=scale, enable_gqa=query.size(1) != key.size(1))
+    return output.contiguous(), attn
 
 
 def capture(spec: ModelSpec, cli_dynamic: list[str]) -> Captured:

@@ -91,10 +91,16 @@ def merge_common_nodes(prog: ir.Program) -> None:
         if first is n:
             continue
         old, new = n.out, first.out
+        same_shape = tuple(old.shape) == tuple(new.shape)
+        if not same_shape and (_read_indirectly(prog, old.name) or _gemm_operand_of(prog, old.name)):
+            continue
         for r in prog.nodes:
             if r.body is not None:
-                r.body = ir.map_values(r.body, lambda v: ir.Load(v.dtype, new.name, _reindex(v.index, old, new))
-                                       if isinstance(v, ir.Load) and v.buffer == old.name else v)
+                r.body = ir.rename_buffer(r.body, old.name, new.name,
+                                          None if same_shape else lambda index: _reindex(index, old, new))
+            for operand in (r.gemm.a, r.gemm.b) if r.gemm is not None else ():
+                if operand.buffer == old.name:
+                    operand.buffer = new.name
         prog.nodes.remove(n)
         del prog.buffers[old.name]
 
@@ -103,9 +109,20 @@ def merge_common_nodes(prog: ir.Program) -> None:
 # pass 1: GEMM epilogues
 
 
-def _identity_loads_only(body: ir.Value, buf: str, rank: int) -> bool:
-    ident = tuple(ir.ivar(k) for k in range(rank))
-    return all(tuple(ld.index) == ident for ld in ir.loads(body) if ld.buffer == buf)
+def _gemm_operand_of(prog: ir.Program, buf: str) -> bool:
+    return any(n.gemm is not None and buf in (n.gemm.a.buffer, n.gemm.b.buffer) for n in prog.nodes)
+
+
+def _read_indirectly(prog: ir.Program, buf: str, nodes=None) -> bool:
+    return any(ld.buffer == buf for n in (nodes if nodes is not None else prog.nodes) if n.body is not None
+               for ld in ir.indirect_loads(n.body))
+
+
+def _same_element_loads(p: ir.Node, buf: ir.Buffer) -> bool:
+    """Every read of ``buf`` in p's body is the element at p's own storage position (same flat offset)."""
+    here = p.out.flat_index(tuple(ir.ivar(k) for k in range(len(p.ranges))))
+    return all(sympy.expand(buf.flat_index(ld.index) - here) == 0 for ld in ir.loads(p.body) if ld.buffer == buf.name) \
+        and not any(ld.buffer == buf.name for ld in ir.indirect_loads(p.body))
 
 
 def absorb_epilogues(prog: ir.Program) -> None:
@@ -118,16 +135,21 @@ def absorb_epilogues(prog: ir.Program) -> None:
             if g.out.kind == "output" or len(readers) != 1:
                 continue
             p = readers[0]
-            if p.kind != "pointwise" or p.out.dtype != g.out.dtype or len(p.ranges) != len(g.ranges) \
-                    or not all(ir.same_size(a, b) for a, b in zip(p.ranges, g.ranges)) \
-                    or not _identity_loads_only(p.body, g.out.name, len(g.ranges)) \
-                    or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer):
+            if p.kind != "pointwise" or p.out.dtype != g.out.dtype \
+                    or not ir.same_size(ir.product(p.ranges), ir.product(g.ranges)) \
+                    or not _same_element_loads(p, g.out) or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer) \
+                    or (g.body is not None and not _same_ranges(p.ranges, g.ranges)):
                 continue
-            ident = tuple(ir.ivar(k) for k in range(len(g.ranges)))
-            result = g.body if g.body is not None else ir.Load(g.out.dtype, p.out.name, ident)
-            result = _rename(result, g.out.name, p.out.name)
-            g.body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
-                                   else v)
+            # p reads the GEMM's result element for element (possibly through a contiguous reshape), so the
+            # GEMM can store straight into p's buffer; the epilogue iterates p's shape.
+            ident = tuple(ir.ivar(k) for k in range(len(p.ranges)))
+            if g.body is None:
+                result = ir.Load(g.out.dtype, p.out.name, ident)
+            else:
+                result = _rename(g.body, g.out.name, p.out.name)
+            body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
+                                 else v)
+            g.body = None if body == ir.Load(g.out.dtype, p.out.name, ident) else body
             del prog.buffers[g.out.name]
             g.out = p.out
             prog.nodes.remove(g)
@@ -137,8 +159,7 @@ def absorb_epilogues(prog: ir.Program) -> None:
 
 
 def _rename(v: ir.Value, old: str, new: str) -> ir.Value:
-    return ir.map_values(v, lambda x: ir.Load(x.dtype, new, x.index) if isinstance(x, ir.Load) and x.buffer == old
-                         else x)
+    return ir.rename_buffer(v, old, new)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -162,6 +183,8 @@ def inline_pointwise(prog: ir.Program) -> None:
         if not readers:
             continue
         if any(r.kind == "gemm" and p.out.name in (r.gemm.a.buffer, r.gemm.b.buffer) for r in readers):
+            continue
+        if _read_indirectly(prog, p.out.name, readers):
             continue
         if not _cheap(p.body) and not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
             continue
@@ -229,6 +252,8 @@ def _legal(node: ir.Node, level: str, k: Kernel, k_index: int, produced_by: dict
         if owner > k_index or b not in members:
             return False
         src = members[b]
+        if any(ld.buffer == b for ld in ir.indirect_loads(node.body)):
+            return False  # an indirect read may land on any row: the buffer must be complete
         if src.level == "inner" and level != "inner" and level != "reduce":
             return False
         want = _stored_at(src)

@@ -4,6 +4,8 @@ One IR serves every pass after capture. Lowering produces one node per op; fusio
 (inlining) and groups nodes into kernels; codegen only reads it. Sizes and indices are sympy expressions over
 the shape symbols (positive integers) and the index variables ``i0, i1, ...`` (a node's output position) and
 ``r0, r1, ...`` (its reduction position). Views are index arithmetic: a Load carries the full buffer index.
+Data-dependent indexing (embedding, gather, index) is a LoadIndirect: its index may also use ``x0, x1, ...``,
+each bound to an integer value computed in the same body; kernels bounds-check those dims at run time.
 
 ``str(program)`` prints it readably; ``program.verify()`` checks its invariants and runs after each pass in tests.
 """
@@ -15,6 +17,7 @@ from functools import lru_cache
 from typing import Iterator
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 DTYPES = ("float64", "float32", "int64", "int32", "int16", "int8", "uint8", "bool")
 FLOAT_DTYPES = ("float64", "float32")
@@ -39,6 +42,29 @@ def product(xs) -> sympy.Expr:
     for x in xs:
         out = out * x
     return out
+
+
+def simplify_index(e) -> sympy.Expr:
+    """Undo the division a reshape introduces: k*c*FloorDiv(x, d*k) + c*ModularIndexing(x, d, k) is
+    c*FloorDiv(x, d) (and FloorDiv(x, 1) is x), applied until nothing changes."""
+    e = sympy.expand(sympy.sympify(e))
+    changed = True
+    while changed and e.has(ModularIndexing):
+        changed = False
+        terms = list(sympy.Add.make_args(e))
+        for t in terms:
+            mods = [f for f in sympy.Mul.make_args(t) if isinstance(f, ModularIndexing)]
+            if len(mods) != 1:
+                continue
+            x, d, k = mods[0].args
+            c = t / mods[0]
+            partner = sympy.expand(c * k * FloorDiv(x, d * k))
+            match = next((u for u in terms if u is not t and sympy.expand(u - partner) == 0), None)
+            if match is not None:
+                e = sympy.expand(e - t - match + c * FloorDiv(x, d))
+                changed = True
+                break
+    return e
 
 
 def same_size(a, b) -> bool:
@@ -66,6 +92,28 @@ class Load(Value):
 
     def __str__(self):
         return f"{self.buffer}[{', '.join(map(str, self.index))}]"
+
+
+@lru_cache(maxsize=None)
+def xvar(k: int) -> sympy.Symbol:
+    """The k-th value-bound index symbol of a LoadIndirect."""
+    return sympy.Symbol(f"x{k}", integer=True)
+
+
+@dataclass(frozen=True)
+class LoadIndirect(Value):
+    """``buffer[index]`` where ``index`` may use ``x0, x1, ...``: symbol ``xk`` is the int64 value of
+    ``sources[k]`` (a value over the same index variables). Every dim whose index uses an ``x`` is checked
+    against the buffer's size when the kernel runs; an out-of-range value is an error, never a wild read."""
+
+    buffer: str
+    index: tuple
+    sources: tuple
+    origin: str | None = field(default=None, compare=False)  # the user's source line, for the error message
+
+    def __str__(self):
+        binds = ", ".join(f"{xvar(k)}={v}" for k, v in enumerate(self.sources))
+        return f"{self.buffer}[{', '.join(map(str, self.index))} | {binds}]"
 
 
 @dataclass(frozen=True)
@@ -102,17 +150,44 @@ def walk(v: Value) -> Iterator[Value]:
     if isinstance(v, Op):
         for a in v.args:
             yield from walk(a)
+    elif isinstance(v, LoadIndirect):
+        for a in v.sources:
+            yield from walk(a)
 
 
 def loads(v: Value) -> list[Load]:
+    """The direct loads of ``v`` (including those inside an indirect load's sources)."""
     return [x for x in walk(v) if isinstance(x, Load)]
+
+
+def indirect_loads(v: Value) -> list[LoadIndirect]:
+    return [x for x in walk(v) if isinstance(x, LoadIndirect)]
+
+
+def reads(v: Value) -> set[str]:
+    """Every buffer ``v`` reads, directly or indirectly."""
+    return {x.buffer for x in walk(v) if isinstance(x, (Load, LoadIndirect))}
 
 
 def map_values(v: Value, fn) -> Value:
     """Rebuild ``v`` bottom-up, replacing each node by ``fn(node)`` (which may return it unchanged)."""
     if isinstance(v, Op):
         v = replace(v, args=tuple(map_values(a, fn) for a in v.args))
+    elif isinstance(v, LoadIndirect):
+        v = replace(v, sources=tuple(map_values(a, fn) for a in v.sources))
     return fn(v)
+
+
+def rename_buffer(v: Value, old: str, new: str, reindex=None) -> Value:
+    """``v`` reading ``new`` wherever it read ``old``; ``reindex(index)`` maps a direct load's index."""
+    def fn(x):
+        if isinstance(x, Load) and x.buffer == old:
+            return Load(x.dtype, new, reindex(x.index) if reindex else x.index)
+        if isinstance(x, LoadIndirect) and x.buffer == old:
+            assert reindex is None, "an indirectly read buffer cannot change shape"
+            return replace(x, buffer=new)
+        return x
+    return map_values(v, fn)
 
 
 def subs_index(v: Value, mapping: dict) -> Value:
@@ -121,7 +196,7 @@ def subs_index(v: Value, mapping: dict) -> Value:
         return v
 
     def fn(x):
-        if isinstance(x, Load):
+        if isinstance(x, (Load, LoadIndirect)):
             return replace(x, index=tuple(sympy.sympify(e).xreplace(mapping) for e in x.index))
         if isinstance(x, IndexValue):
             return replace(x, expr=sympy.sympify(x.expr).xreplace(mapping))
@@ -149,7 +224,7 @@ class Buffer:
         return tuple(reversed(out))
 
     def flat_index(self, index) -> sympy.Expr:
-        return sympy.expand(sum((sympy.sympify(i) * s for i, s in zip(index, self.strides())), sympy.Integer(0)))
+        return simplify_index(sum((sympy.sympify(i) * s for i, s in zip(index, self.strides())), sympy.Integer(0)))
 
     def numel(self) -> sympy.Expr:
         return product(self.shape)
@@ -207,7 +282,7 @@ class Node:
         return self.out.shape
 
     def inputs(self) -> set[str]:
-        names = {ld.buffer for ld in loads(self.body)} if self.body is not None else set()
+        names = reads(self.body) if self.body is not None else set()
         if self.gemm is not None:
             names |= {self.gemm.a.buffer, self.gemm.b.buffer}
         names.discard(self.out.name) if self.kind == "gemm" else None
@@ -275,12 +350,14 @@ class Program:
                 assert b in defined, f"{n.name} reads {b} before it is written"
             allowed = {ivar(k) for k in range(len(n.ranges))} | {rvar(k) for k in range(len(n.reduce_ranges))}
             if n.body is not None:
-                for ld in loads(n.body):
+                for ld in loads(n.body) + indirect_loads(n.body):
                     buf = self.buffers[ld.buffer]
                     assert len(ld.index) == len(buf.shape), f"{n.name}: rank of {ld}"
+                    bound = {xvar(k) for k in range(len(ld.sources))} if isinstance(ld, LoadIndirect) else set()
                     for e in ld.index:
-                        extra = {s for s in sympy.sympify(e).free_symbols if s.name[0] in "ir" and s.name[1:].isdigit()}
-                        assert extra <= allowed, f"{n.name}: {ld} uses {extra - allowed}"
+                        extra = {s for s in sympy.sympify(e).free_symbols
+                                 if s.name[0] in "irx" and s.name[1:].isdigit()}
+                        assert extra <= allowed | bound, f"{n.name}: {ld} uses {extra - allowed - bound}"
             assert n.kind in ("pointwise", "reduction", "gemm"), n.kind
             assert (n.kind == "reduction") == (n.reduce_op is not None), f"{n.name}: reduce_op"
             defined.add(n.out.name)

@@ -232,8 +232,7 @@ class Lowering:
 def _rename_loads(nodes, old: str, new: str) -> None:
     for n in nodes:
         if n.body is not None:
-            n.body = ir.map_values(n.body, lambda v: ir.Load(v.dtype, new, v.index)
-                                   if isinstance(v, ir.Load) and v.buffer == old else v)
+            n.body = ir.rename_buffer(n.body, old, new)
 
 
 def _c_name(prefix: str, name: str) -> str:
@@ -269,7 +268,7 @@ def eliminate_dead_nodes(prog: ir.Program) -> None:
 
 
 def lower(captured: Captured) -> tuple[ir.Program, Lowering]:
-    from . import lower_ops  # noqa: F401  (registers the rules)
+    from . import lower_create, lower_index, lower_ops  # noqa: F401  (register the rules)
 
     low = Lowering(captured)
     prog = low.run()

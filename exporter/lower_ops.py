@@ -116,10 +116,19 @@ def _binary_rule(name):
     def rule(low, node, val, a, b, alpha=1, **kw):
         if alpha != 1:
             return _scaled_binary(low, val, name, a, b, alpha)
+        if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) and b == 2:
+            return _square(low, val, a)
         if name.startswith("logical_") and torch_dtype_name(val.dtype) != "bool":
             return _pointwise(low, val, "bit" + name[len("logical_"):], a, b)  # bitwise ops on integers
         return _pointwise(low, val, name, a, b, compute="bool" if name.startswith("logical_") else None)
     return rule
+
+
+def _square(low, val, x):
+    """x ** 2 as x * x: the same value (pow is exact for it) at a fraction of the cost."""
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    v = _value(x, shape, out)
+    return low.pointwise(shape, out, ir.Op(out, "mul", (v, v)))
 
 
 def _scaled_binary(low, val, name, a, b, alpha):
@@ -206,11 +215,48 @@ def _reshape(low, node, val, x, size=None, *rest):
     shape = _shape(low, val)
     if tuple(shape) == tuple(x.shape):
         return x
-    flat = sum((ir.ivar(k) * s for k, s in enumerate(_contiguous_strides(shape))), sympy.Integer(0))
-    old_index, strides = [], _contiguous_strides(x.shape)
-    for d, size in enumerate(x.shape):
-        old_index.append(sympy.Integer(0) if size == 1 else ModularIndexing(flat, strides[d], size))
+    groups = _reshape_groups(tuple(x.shape), shape)
+    if groups is None:  # sizes that cannot be matched up symbolically: one group over everything
+        groups = [(list(range(len(x.shape))), list(range(len(shape))))]
+    old_index = [sympy.Integer(0)] * len(x.shape)
+    for old_dims, new_dims in groups:
+        new_sizes = [shape[d] for d in new_dims]
+        flat = sum((ir.ivar(d) * s for d, s in zip(new_dims, _contiguous_strides(new_sizes))), sympy.Integer(0))
+        old_sizes = [x.shape[d] for d in old_dims]
+        for k, (d, stride) in enumerate(zip(old_dims, _contiguous_strides(old_sizes))):
+            if x.shape[d] == 1:
+                continue
+            old_index[d] = FloorDiv(flat, stride) if k == 0 else ModularIndexing(flat, stride, x.shape[d])
     return _view_of(x, shape, old_index)
+
+
+def _divides(a, b) -> bool:
+    """Whether b / a is a whole (polynomial) factor, symbolically."""
+    num, den = sympy.fraction(sympy.cancel(sympy.sympify(b) / a))
+    return den == 1
+
+
+def _reshape_groups(old: tuple, new: tuple):
+    """Pair runs of old dims with runs of new dims of equal total size (as torch's view does), so each new
+    position maps to old positions with division only inside its own run. None when sizes do not line up."""
+    old_live = [d for d, s in enumerate(old) if s != 1]
+    new_live = [d for d, s in enumerate(new) if s != 1]
+    groups, a, b = [], 0, 0
+    while a < len(old_live) and b < len(new_live):
+        og, ng = [old_live[a]], [new_live[b]]
+        po, pn = old[old_live[a]], new[new_live[b]]
+        a, b = a + 1, b + 1
+        while not ir.same_size(po, pn):
+            if _divides(po, pn) and a < len(old_live):
+                og.append(old_live[a])
+                po, a = po * old[old_live[a]], a + 1
+            elif _divides(pn, po) and b < len(new_live):
+                ng.append(new_live[b])
+                pn, b = pn * new[new_live[b]], b + 1
+            else:
+                return None
+        groups.append((og, ng))
+    return groups if a == len(old_live) and b == len(new_live) else None
 
 
 @register(aten.permute, prims.transpose)
@@ -270,13 +316,18 @@ def _norm_dims(dims, rank):
 
 @register(aten.slice)
 def _slice(low, node, val, x, dim=0, start=None, end=None, step=1):
+    """x[start:end:step] along ``dim``. The result's length (export's, which already clamps ``end`` to the
+    size, symbolic or not) comes from ``val``; the start is wrapped when negative and clamped to [0, size]."""
     shape = _shape(low, val)
     dim %= len(x.shape)
-    start = 0 if start is None else start
-    if isinstance(start, int) and start < 0:
-        start = x.shape[dim] + start
-    start = sympy.Max(0, sympy.Min(sympy.sympify(start), x.shape[dim])) if not isinstance(start, int) \
-        else min(start, int(x.shape[dim])) if x.shape[dim].is_number else start
+    size = x.shape[dim]
+    start = sympy.sympify(0 if start is None else start)
+    if start.is_negative:
+        start = sympy.Max(start + size, 0)
+    elif not start.is_nonnegative:  # sign unknown (a symbolic expression): clamp as torch does at run time
+        start = sympy.Max(0, start)
+    if not sympy.expand(size - start).is_nonnegative:
+        start = sympy.Min(start, size)
     return _view_of(x, shape, [ir.ivar(k) * step + start if k == dim else ir.ivar(k) for k in range(len(shape))])
 
 
@@ -333,6 +384,35 @@ def _amax(low, node, val, x, dims=None, keepdim=False):
 @register(aten.amin, prims.amin)
 def _amin(low, node, val, x, dims=None, keepdim=False):
     return _reduce(low, val, "min", x, dims, keepdim)[0]
+
+
+@register(aten.any)
+def _any(low, node, val, x, dims=None, keepdim=False):
+    return _reduce(low, val, "max", x, dims, keepdim, compute="bool", body_fn=_nonzero)[0]
+
+
+@register(aten.all)
+def _all(low, node, val, x, dims=None, keepdim=False):
+    return _reduce(low, val, "min", x, dims, keepdim, compute="bool", body_fn=_nonzero)[0]
+
+
+def _nonzero(v, idx):
+    return v  # the load is already cast to bool (nonzero -> true)
+
+
+@register(aten.cumsum)
+def _cumsum(low, node, val, x, dim, dtype=None):
+    """out[..., i, ...] = sum over r <= i of x[..., r, ...], as a masked reduction over the whole dim.
+    Quadratic in that dim's size: fine for masks and position ids, not for long scans."""
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    rank = len(shape)
+    dim %= max(rank, 1)
+    if rank == 0:
+        return low.pointwise((), out, _cast(x.load(()), out))
+    idx = [ir.rvar(0) if d == dim else ir.ivar(d) for d in range(rank)]
+    keep = ir.Op("bool", "le", (ir.IndexValue("int64", ir.rvar(0)), ir.IndexValue("int64", ir.ivar(dim))))
+    body = ir.Op(out, "where", (keep, _cast(x.load(idx), out), ir.Const(out, 0)))
+    return low.reduction(shape, out, "sum", [shape[dim]], body)
 
 
 @register(aten.prod, prims.prod)

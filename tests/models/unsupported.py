@@ -1,17 +1,17 @@
-"""Uses an op the lowering does not know yet (cumsum), to test the error message."""
+"""Uses an op the lowering does not know yet (sort), to test the error message."""
 
 import torch
 from torch import nn
 
 
-class Running(nn.Module):
+class Sorted(nn.Module):
     def forward(self, x):
         y = x * 2
-        return torch.cumsum(y, dim=-1)  # the line the error must name
+        return torch.sort(y, dim=-1).values  # the line the error must name
 
 
 def model():
-    return Running()
+    return Sorted()
 
 
 def example_inputs():
