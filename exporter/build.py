@@ -27,9 +27,12 @@ class IsaLevel:
 
 # Most capable first: the loader takes the first one the CPU supports.
 ISA_LEVELS = (
+    IsaLevel("x86-64-v4", ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "avx512f", "avx512bw",
+                           "avx512cd", "avx512dq", "avx512vl")),
     IsaLevel("x86-64-v3", ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe")),
     IsaLevel("x86-64", ()),
 )
+ISA_FLAGS = {"x86-64-v4": ("-mprefer-vector-width=512",)}  # GCC otherwise keeps 256-bit vectors on AVX-512
 LIBRARIES = ("libgomp.so.1",)
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
               "-fno-plt", "-static-libstdc++", "-static-libgcc", "-Wall", "-Wno-unused-variable",
@@ -55,7 +58,7 @@ def compiler_version(cxx: str) -> str:
 
 def build_one(source: str, isa: IsaLevel, cache_dir: Path) -> bytes:
     cxx = compiler()
-    flags = list(BASE_FLAGS) + [f"-march={isa.name}", "-mtune=generic"]
+    flags = list(BASE_FLAGS) + [f"-march={isa.name}", "-mtune=generic"] + list(ISA_FLAGS.get(isa.name, ()))
     key = hashlib.sha256("\0".join([source, compiler_version(cxx), *flags]).encode()).hexdigest()
     cached = cache_dir / f"{key}.so"
     if cached.is_file():

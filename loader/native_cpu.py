@@ -204,7 +204,9 @@ def blas_pointers(bundle: KernelBundle, num_threads: int) -> tuple:
         raise FormatError(f"kernel bundle {bundle.isa!r} needs BLAS routine(s) {unknown}; this loader provides "
                           f"{sorted(BLAS_SYMBOLS)}. Upgrade tcexport.")
     lib = _openblas()
-    lib.scipy_openblas_set_num_threads(ctypes.c_int(num_threads))
+    # The generated code splits large products across its own OpenMP threads and calls the BLAS from each;
+    # a second, spinning OpenBLAS pool on the same cores only steals time from it.
+    lib.scipy_openblas_set_num_threads(ctypes.c_int(1))
     return tuple(ctypes.cast(getattr(lib, BLAS_SYMBOLS[r]), ctypes.c_void_p).value for r in bundle.blas)
 
 
