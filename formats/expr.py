@@ -121,17 +121,45 @@ def to_text(expr: Expr) -> str:
 
 
 def compile_expr(expr: Expr):
-    """A validated expression as a closure ``env -> int``: the per-call path evaluates shapes without walking
-    the tree each time. Built from the tree with Python closures, never with ``eval``."""
+    """A validated expression as a closure ``env -> int``: the per-call path evaluates shapes and workspace
+    sizes without walking the tree each time. Built from the tree with Python closures, never with ``eval``."""
     if isinstance(expr, int):
         return lambda env: expr
     if isinstance(expr, str):
         return lambda env: env[expr]
-    op, args = expr[0], [compile_expr(a) for a in expr[1:]]
-    if op == "*" and len(args) == 2:
+    op, args = expr[0], tuple(compile_expr(a) for a in expr[1:])
+    if op == "+":
+        return (lambda env: args[0](env) + args[1](env)) if len(args) == 2 else \
+            (lambda env: sum(a(env) for a in args))
+    if op == "*":
+        if len(args) == 2:
+            return lambda env: args[0](env) * args[1](env)
+        return lambda env: _product(a(env) for a in args)
+    if op in ("//", "%"):
         a, b = args
-        return lambda env: a(env) * b(env)
-    if op == "+" and len(args) == 2:
-        a, b = args
-        return lambda env: a(env) + b(env)
+        return lambda env: _divide(op, a(env), b(env))
+    if op in _COMPILED:
+        fn = _COMPILED[op]
+        return lambda env: fn([a(env) for a in args])
     return lambda env: evaluate(expr, env)
+
+
+def _divide(op: str, a: int, b: int) -> int:
+    if b <= 0:
+        raise FormatError(f"division by {b} in a manifest expression")
+    return a // b if op == "//" else a % b
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+_COMPILED = {
+    "-": lambda v: v[0] - v[1], "max": max, "min": min,
+    "==": lambda v: int(v[0] == v[1]), "!=": lambda v: int(v[0] != v[1]),
+    "<": lambda v: int(v[0] < v[1]), "<=": lambda v: int(v[0] <= v[1]),
+    "and": lambda v: int(all(v)), "or": lambda v: int(any(v)), "not": lambda v: int(not v[0]),
+}

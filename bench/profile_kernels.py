@@ -1,0 +1,79 @@
+"""Where a package's time goes, kernel by kernel.
+
+    python -m bench.profile_kernels examples/decoder.py --batch 8 --threads 1
+
+Exports the model, instruments a copy of the generated C++ with a timer around each kernel call (the package
+itself is never instrumented: timers would be global state in a library that must stay re-entrant), builds it,
+runs it through the loader's own calling convention, and prints each kernel's share of the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def instrument(cpp: str) -> tuple[str, list[str]]:
+    names = re.findall(r"\n    (k\d+_\w+)\(f\);", cpp)
+    cpp = cpp.replace("#include <algorithm>", "#include <algorithm>\n#include <chrono>", 1)
+    cpp = cpp.replace("namespace {\nstruct Frame", f"double tc_prof[{max(len(names), 1)}];\nnamespace {{\nstruct Frame", 1)
+    for i, n in enumerate(names):
+        cpp = cpp.replace(f"\n    {n}(f);", f"\n    {{ auto t0 = std::chrono::steady_clock::now(); {n}(f); tc_prof[{i}] += "
+                                             f"std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }}")
+    return cpp + '\nextern "C" double* tc_prof_ptr() { return tc_prof; }\n', names
+
+
+def main(argv=None) -> None:
+    from tcexport.exporter.build import BASE_FLAGS, ISA_FLAGS, compiler
+    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.pipeline import export
+    import tcexport.loader as L
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_file", type=Path)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args(argv)
+
+    spec = load_model_file(args.model_file)
+    tmp = Path(tempfile.mkdtemp(prefix="tcprof-"))
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, name=args.model_file.stem).save(tmp / "m.tcpkg")
+    model = L.load(pkg, num_threads=args.threads)
+    cpp, names = instrument(model.archive.read("src/cpu/model.cpp").decode())
+    (tmp / "prof.cpp").write_text(cpp)
+    isa = model.isa
+    subprocess.run([compiler(), *BASE_FLAGS, "-w", f"-march={isa}", *ISA_FLAGS.get(isa, ()), "prof.cpp", "-o", "prof.so"],
+                   cwd=tmp, check=True)
+    lib = ctypes.CDLL(str(tmp / "prof.so"))
+    lib.tc_prof_ptr.restype = ctypes.POINTER(ctypes.c_double)
+    lib.tc_run.argtypes, lib.tc_run.restype = model._native.run.argtypes, model._native.run.restype
+    model._native.run = lib.tc_run  # same ABI, same loader path: guards, buffers, workspace
+    xs = [np.ascontiguousarray(np.repeat(t.numpy(), -(-args.batch // t.shape[0]), axis=0)[:args.batch])
+          for t in spec.example_inputs]
+    for _ in range(10):
+        model(*xs)
+    prof = lib.tc_prof_ptr()
+    for i in range(len(names)):
+        prof[i] = 0.0
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        model(*xs)
+    total = (time.perf_counter() - t0) / args.calls * 1e6
+    kernels = sorted(((prof[i] / args.calls * 1e6, n) for i, n in enumerate(names)), reverse=True)
+    inside = sum(us for us, _ in kernels)
+    print(f"{args.model_file} batch {args.batch}, {args.threads} thread(s), ISA {isa}: {total:.1f} us per call, "
+          f"{inside:.1f} us in kernels, {total - inside:.1f} us in the loader and the call")
+    for us, n in kernels:
+        print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {n}")
+
+
+if __name__ == "__main__":
+    main()
