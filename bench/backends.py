@@ -152,10 +152,16 @@ class AOTInductor:
         xs = to_device(bm.inputs(2), ctx)
         path = ctx.workdir / f"{bm.name}-{ctx.device}.pt2"
         t0 = time.perf_counter()
+        note = None
         with torch.no_grad():
-            ep = torch.export.export(m, xs, dynamic_shapes=torch_dynamic_shapes(bm))
+            try:
+                ep = torch.export.export(m, xs, dynamic_shapes=torch_dynamic_shapes(bm))
+            except torch._dynamo.exc.UserError as e:  # e.g. CUDA SDPA wants seq % 8: let export choose
+                note = f"exported with Dim.AUTO after: {str(e).splitlines()[0]}"
+                auto = {n: {d: torch.export.Dim.AUTO for d in spec} for n, spec in bm.dynamic_shapes.items()}
+                ep = torch.export.export(m, xs, dynamic_shapes=auto)
             torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
-        return Built(time.perf_counter() - t0, path.stat().st_size, path)
+        return Built(time.perf_counter() - t0, path.stat().st_size, path, extra={"note": note} if note else {})
 
     def load(self, built, bm, ctx):
         return torch._inductor.aoti_load_package(str(built.artifact))

@@ -71,7 +71,8 @@ def gpt2(name: str, seq: int, **config) -> BenchModel:
         g = torch.Generator().manual_seed(batch)
         return (torch.randint(0, vocab, (batch, seq), generator=g),)
 
-    return BenchModel(name, build, inputs, {"input_ids": {0: ("batch", 1, 64), 1: ("seq", 1, max(seq, 128))}})
+    positions = config.get("n_positions", 1024)
+    return BenchModel(name, build, inputs, {"input_ids": {0: ("batch", 1, 64), 1: ("seq", 1, positions)}})
 
 
 def get(name: str) -> BenchModel:

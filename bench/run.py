@@ -93,7 +93,7 @@ def cold_start(code: str, runs: int, env_extra: dict | None = None) -> dict:
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")  # a truly cold compile
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
         if proc.returncode != 0:
-            raise RuntimeError(f"cold-start process failed: {proc.stderr.strip()[-1500:]}")
+            raise RuntimeError(f"cold-start process exited with {proc.returncode}: {proc.stderr.strip()[-1500:]}")
         samples.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     secs = [s["seconds"] for s in samples]
     return {"median_s": statistics.median(secs), "runs_s": secs,
@@ -118,6 +118,8 @@ def bench_backend(backend, bm, ctx: Context, batches, ref, cold_runs: int) -> di
     try:
         built = backend.build(bm, ctx)
         row.update(build_s=built.seconds, size_bytes=built.size_bytes)
+        if built.extra.get("note"):
+            row["note"] = built.extra["note"]
         stage = "load"
         fn = backend.load(built, bm, ctx)
         diffs = []
