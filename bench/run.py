@@ -92,11 +92,16 @@ def cold_start(code: str, runs: int, env_extra: dict | None = None) -> dict:
         env = {**os.environ, **(env_extra or {})}
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")  # a truly cold compile
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0:
+        lines = proc.stdout.strip().splitlines()
+        if not lines or not lines[-1].startswith("{"):
             raise RuntimeError(f"cold-start process exited with {proc.returncode}: {proc.stderr.strip()[-1500:]}")
-        samples.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        sample = json.loads(lines[-1])
+        if proc.returncode != 0:  # it produced its result, then died (seen: AOTInductor on CUDA at exit)
+            sample["exit_code"] = proc.returncode
+        samples.append(sample)
     secs = [s["seconds"] for s in samples]
     return {"median_s": statistics.median(secs), "runs_s": secs,
+            "exit_codes": sorted({s.get("exit_code", 0) for s in samples}),
             "peak_rss_mb": max(s["peak_rss_mb"] for s in samples),
             "peak_device_mb": max((s["peak_device_mb"] or 0) for s in samples) or None}
 
