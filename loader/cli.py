@@ -57,7 +57,8 @@ def _describe(m: Manifest, names: list[str]) -> list[str]:
     lines += ["", "kernels:"] + [f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
                                  f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]" for k in m.kernels]
     lines += ["", "plan:", f"  workspace_bytes: {ex.to_text(m.workspace_bytes)}"]
-    lines += [f"  {k}: {_short(v)}" for k, v in sorted(m.plan.items())]
+    lines += [f"  {k}: {ex.to_text(v) if k.endswith('_bytes') or k.endswith('_without_reuse') else _short(v)}"
+              for k, v in sorted(m.plan.items())]
     total = sum(_nbytes(w) for w in m.weights)
     lines += ["", f"weights: {len(m.weights)} tensors, {total} bytes in {m.weights_file}"]
     lines += [f"  {w.name}: {w.dtype}{w.shape_text()}" for w in m.weights]
