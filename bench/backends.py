@@ -23,6 +23,7 @@ class Context:
     threads: int
     workdir: Path
     dtype: torch.dtype = torch.float32
+    packages: Path | None = None  # prebuilt .tcpkg files (e.g. built on a CPU-only machine for a GPU run)
 
 
 @dataclass
@@ -239,8 +240,14 @@ class Tcpkg:
     def build(self, bm, ctx) -> Built:
         from tcexport.exporter import export
 
+        name = package_name(bm, ctx)
+        if ctx.packages is not None:  # built elsewhere: the build figure comes from that machine's run
+            path = ctx.packages / name
+            if not path.is_file():
+                raise FileNotFoundError(f"no prebuilt package {path}; build it with --build-packages {ctx.packages}")
+            return Built(float("nan"), path.stat().st_size, path)
         m = bm.build()
-        path = ctx.workdir / f"{bm.name}-{str(ctx.dtype).split('.')[-1]}.tcpkg"
+        path = ctx.workdir / name
         target = "cpu" if ctx.device == "cpu" else "cuda:sm_90"
         t0 = time.perf_counter()
         pkg = export(m.to(ctx.dtype), bm.inputs(2), dynamic_shapes=bm.dynamic_shapes, targets=(target,),
@@ -263,6 +270,10 @@ m = L.load({str(built.artifact)!r}, device={ctx.device!r}, num_threads={ctx.thre
 data = np.load({str(inputs_npz)!r})
 y = m(*[data[k] for k in sorted(data.files)])
 """ + COLD_EPILOGUE
+
+
+def package_name(bm: BenchModel, ctx: Context) -> str:
+    return f"{bm.name}-{str(ctx.dtype).split('.')[-1]}-{ctx.device}.tcpkg"
 
 
 def _sync(ctx: Context) -> None:

@@ -158,8 +158,26 @@ def add_ratios(model_rows: dict) -> None:
             cs["ratio_to_compile"] = cs["median_s"] / ref_cs["median_s"]
 
 
+def build_packages(suite: str, models: list[str] | None, out_dir: Path) -> None:
+    """Build the suite's .tcpkg files here (a CPU-only machine will do) for a later run with --packages."""
+    from .backends import Tcpkg, package_name
+
+    cfg = SUITES[suite]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, dtype, _ in cfg["runs"]:
+        if models and name not in models:
+            continue
+        bm = get(name)
+        ctx = Context(cfg["device"], 1, out_dir, dtype)
+        try:
+            built = Tcpkg().build(bm, ctx)
+            print(f"{package_name(bm, ctx)}: {built.size_bytes} bytes in {built.seconds:.1f} s", file=sys.stderr)
+        except Exception as e:  # recorded; the GPU run reports the missing package as that backend's error
+            print(f"{package_name(bm, ctx)}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
 def run_suite(suite: str, threads: int, cold_runs: int, only: list[str] | None, out_dir: Path,
-              models: list[str] | None = None) -> Path:
+              models: list[str] | None = None, packages: Path | None = None) -> Path:
     cfg = SUITES[suite]
     device = cfg["device"]
     torch.set_num_threads(threads)
@@ -172,7 +190,7 @@ def run_suite(suite: str, threads: int, cold_runs: int, only: list[str] | None, 
                 continue
             bm = get(name)
             key = f"{name}/{str(dtype).split('.')[-1]}"
-            ctx = Context(device, threads, Path(tmp), dtype)
+            ctx = Context(device, threads, Path(tmp), dtype, packages)
             print(f"[{key}] reference", file=sys.stderr, flush=True)
             ref = reference(bm, batches)
             rows = {}
@@ -211,10 +229,16 @@ def main(argv=None) -> None:
     p.add_argument("--only", nargs="*", help="backend names to run (default: all)")
     p.add_argument("--models", nargs="*", help="model names to run (default: the whole suite)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--build-packages", type=Path, metavar="DIR",
+                   help="only build the suite's .tcpkg files into DIR (run this on the CPU-only build machine)")
+    p.add_argument("--packages", type=Path, metavar="DIR", help="use the .tcpkg files prebuilt in DIR")
     args = p.parse_args(argv)
+    if args.build_packages:
+        build_packages(args.suite, args.models, args.build_packages)
+        return
     threads = args.threads or (min(os.cpu_count() or 1, 2) if SUITES[args.suite]["device"] == "cpu"
                                else os.cpu_count() or 1)
-    path = run_suite(args.suite, threads, args.cold_runs, args.only, args.out, args.models)
+    path = run_suite(args.suite, threads, args.cold_runs, args.only, args.out, args.models, args.packages)
     print(path)
 
 
