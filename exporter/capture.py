@@ -6,15 +6,14 @@ from their parts, so one generic mechanism covers every such op instead of one h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
 from torch._decomp import get_decompositions
 
-from . import dynamic
-from .errors import CaptureError, DynamicSpecError
-from .ir import shape_symbol
+from . import dynamic, relations
+from .errors import CaptureError, SpecializedDimError
 from .model_file import ModelSpec
 
 aten = torch.ops.aten
@@ -23,7 +22,8 @@ aten = torch.ops.aten
 EXTRA_DECOMPOSITIONS = [
     aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.var_mean, aten.silu,
     aten.hardswish, aten.hardsigmoid, aten.mish, aten.softplus, aten.elu, aten.leaky_relu, aten.hardtanh,
-    aten.native_group_norm, aten.rms_norm, aten._native_batch_norm_legit_no_training, aten.std, aten.var,
+    aten.native_group_norm, aten.rms_norm, aten.std, aten.var, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit.no_stats,
     aten.linalg_vector_norm, aten.logsumexp, aten.addcmul, aten.addcdiv, aten.lerp, aten.sigmoid_backward,
 ]
 
@@ -33,8 +33,10 @@ class Captured:
     program: torch.export.ExportedProgram
     input_names: list[str]
     symbols: dict[str, dynamic.SymbolSpec]  # user name -> range (as export refined it)
-    rename: dict  # torch's sympy symbol -> our symbol
+    rename: dict  # torch's sympy symbol -> an expression over our symbols (see relations.subst)
     model_file: str | None
+    guards: list = field(default_factory=list)  # relations.Guard: what the loader checks beyond ranges and dims
+    notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
 
 
 def decomposition_table():
@@ -58,18 +60,43 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
 
 def capture(spec: ModelSpec, cli_dynamic: list[str]) -> Captured:
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
-    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places)
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-            ep = ep.run_decompositions(decomposition_table())
-    except Exception as e:  # torch's own message explains the constraint or the unsupported construct
-        kind = type(e).__name__
-        raise CaptureError(f"torch.export could not capture {spec.path}: {kind}: {e}\n"
-                           f"Fix the model (or the --dynamic spec) as the message above suggests.") from e
-    rename = _rename_symbols(ep, spec.input_names, places)
-    refined = _refine_ranges(ep, rename, symbols)
-    return Captured(ep, spec.input_names, refined, rename, str(spec.path))
+    accepted = relations.Accepted()
+    declared = dict(symbols)
+    ep = _export_accepting_fixes(spec, symbols, places, accepted)
+    rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
+    _check_sizes_known(ep, rename)
+    refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
+    accepted.notes += relations.range_notes(declared, refined)
+    guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
+    return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes)
+
+
+MAX_FIX_ROUNDS = 4
+
+
+def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted) -> torch.export.ExportedProgram:
+    """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
+    divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again."""
+    for round_ in range(MAX_FIX_ROUNDS):
+        shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                                 accepted.rewrites)
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+                return ep.run_decompositions(decomposition_table())
+        except Exception as e:  # torch's own message explains the constraint or the unsupported construct
+            error = e
+            if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
+                try:
+                    relations.accept_fixes(str(e), symbols, places, accepted)
+                    continue
+                except SpecializedDimError:
+                    raise
+                except CaptureError:
+                    pass
+            break
+    raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
+                       f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
 
 
 def _user_input_nodes(ep) -> dict[str, torch.fx.Node]:
@@ -79,29 +106,7 @@ def _user_input_nodes(ep) -> dict[str, torch.fx.Node]:
     return {name: nodes[name] for name in user}
 
 
-def _rename_symbols(ep, input_names, places) -> dict:
-    """Map export's symbols (s0, s77, ...) to the user's names by where the user placed each symbol."""
-    rename = {}
-    user_nodes = list(_user_input_nodes(ep).values())
-    for k, name in enumerate(input_names):
-        if k >= len(user_nodes):
-            break
-        shape = user_nodes[k].meta["val"].shape
-        for dim, sym in places.get(name, {}).items():
-            size = shape[dim]
-            if not isinstance(size, torch.SymInt):
-                raise DynamicSpecError(
-                    f"input {name!r} dim {dim} was marked dynamic as {sym!r}, but export specialised it to the "
-                    f"constant {size}: the model's code requires that size. Remove the dynamic mark for "
-                    f"{name}.{dim}, or change the model so the size is not fixed.")
-            expr = size.node.expr
-            if isinstance(expr, sympy.Symbol):
-                old = rename.get(expr)
-                if old is not None and old.name != sym:
-                    raise DynamicSpecError(
-                        f"export found that symbols {old.name!r} and {sym!r} must be equal "
-                        f"(input {name!r} dim {dim}); use one symbol for both")
-                rename[expr] = shape_symbol(sym)
+def _check_sizes_known(ep, rename) -> None:
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -112,36 +117,12 @@ def _rename_symbols(ep, input_names, places) -> dict:
                             raise CaptureError(
                                 f"node {n.name} has a size depending on {free}, which is not one of the dynamic "
                                 f"dims you declared (data-dependent sizes are not supported yet)")
-    return rename
-
-
-def _refine_ranges(ep, rename, symbols) -> dict[str, dynamic.SymbolSpec]:
-    out = {}
-    for tsym, ours in rename.items():
-        vr = ep.range_constraints.get(tsym)
-        spec = symbols[ours.name]
-        lo, hi = spec.min, spec.max
-        if vr is not None:
-            lo = max(lo, int(vr.lower))
-            upper = _finite_int(vr.upper)
-            if upper is not None:
-                hi = upper if hi is None else min(hi, upper)
-        out[ours.name] = dynamic.SymbolSpec(ours.name, lo, hi)
-    return out
-
-
-def _finite_int(x) -> int | None:
-    try:
-        v = sympy.sympify(x)
-        return int(v) if v.is_Integer else None
-    except (TypeError, ValueError, AttributeError):
-        return None
 
 
 def to_sympy(x, rename) -> sympy.Expr:
     """A size from a torch value (int or SymInt) as a sympy expression over our symbols."""
     if isinstance(x, torch.SymInt):
-        return sympy.sympify(x.node.expr).xreplace(rename)
+        return relations.subst(x.node.expr, rename)
     if isinstance(x, (int, sympy.Expr)):
-        return sympy.sympify(x).xreplace(rename) if isinstance(x, sympy.Expr) else sympy.Integer(x)
+        return relations.subst(x, rename) if isinstance(x, sympy.Expr) else sympy.Integer(x)
     raise TypeError(f"not a size: {x!r}")

@@ -32,7 +32,7 @@ def _progress(quiet: bool):
 def export(
     model_file: Path = typer.Argument(..., help="Python file defining model() and example_inputs()"),
     dynamic: List[str] = typer.Option([], "--dynamic", "-d", help="dynamic dims: batch, batch=1:512, "
-                                      "seq=1:2048@ids.1,mask.1 (repeatable)"),
+                                      "seq=1:2048@ids.1,mask.1, derived 2*seq@pairs.1 (repeatable)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="archive path (default MODEL.tcpkg)"),
     target: str = typer.Option("cpu", "--target", help="comma-separated targets (cpu)"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary on stdout"),
@@ -67,7 +67,11 @@ def export(
                    "outputs": [_spec_json(s) for s in pkg.manifest.outputs],
                    "symbols": {s.name: [s.min, s.max] for s in pkg.manifest.symbols},
                    "kernels": pkg.manifest.plan["kernels"],
-                   "targets": [f"{k.target}:{k.isa}" for k in pkg.manifest.kernels]}
+                   "targets": [f"{k.target}:{k.isa}" for k in pkg.manifest.kernels],
+                   "guards": [{"rule": _expr_text(g.expr), "message": g.message} for g in pkg.manifest.guards],
+                   "warnings": list(pkg.warnings)}
+        for w in pkg.warnings if not quiet else ():
+            print(f"warning: {w}", file=sys.stderr)
         if pkg.onnx is not None:
             from .onnx_export import write_onnx
 
@@ -89,6 +93,12 @@ def export(
         else:
             print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(e.exit_code)
+
+
+def _expr_text(e) -> str:
+    from tcexport.formats.expr import to_text
+
+    return to_text(e)
 
 
 def _spec_json(s) -> dict:

@@ -47,7 +47,8 @@ OPS = {
 }
 INT_OPS = {"floordiv": "tc_floordiv({a}, {b})", "remainder": "tc_pymod({a}, {b})", "fmod": "({a} % {b})",
            "abs": "({a} < 0 ? -{a} : {a})"}
-FLOAT_OPS = {"floordiv": "std::floor({a} / {b})", "remainder": "tc_fpymod({a}, {b})"}
+FLOAT_OPS = {"floordiv": "std::floor({a} / {b})", "remainder": "tc_fpymod({a}, {b})",
+             "truncdiv": "std::trunc({a} / {b})"}
 
 REDUCE_INIT = {"sum": "0", "prod": "1", "max": "-std::numeric_limits<{T}>::infinity()",
                "min": "std::numeric_limits<{T}>::infinity()"}
@@ -297,28 +298,54 @@ class CppKernelWriter:
     # --- loop kernels ---------------------------------------------------------------------------------
 
     def _loops(self, k: Kernel) -> list[str]:
-        lines: list[str] = []
         outer_vars = [f"o{d}" for d in range(len(k.outer))]
-        work = ir.product(k.outer) * ir.product(k.inner)
-        has_inner = bool(k.inner)
         depth = len(k.outer)
-        if depth:
-            collapse = depth if has_inner else max(depth - 1, 1)
-            par = f"  #pragma omp parallel for num_threads(f.nt) schedule(static)"
-            if collapse > 1:
-                par += f" collapse({collapse})"
-            par += f" if({cindex(work)} >= {PARALLEL_MIN_WORK})" + self._oob_clause()
-            lines.append(par)
-        indent = "  "
-        for var, ext in zip(outer_vars, k.outer):
-            lines.append(_for(var, ext, indent))
-            indent += "  "
-        locals_: dict = {}
-        for loop in _split_loops(k):
-            lines += self._loop(k, loop, locals_, indent)
-        for d in range(depth):
-            indent = indent[:-2]
-            lines.append(f"{indent}}}")
+        # the innermost loop of a pure pointwise kernel stays inside the body, where it vectorises
+        collapse = depth if k.inner else max(depth - 1, 1)
+
+        def body(indent: str) -> list[str]:
+            lines, locals_ = [], {}
+            for var, ext in zip(outer_vars[collapse:], k.outer[collapse:]):
+                lines.append(_for(var, ext, indent))
+                indent += "  "
+            for loop in _split_loops(k):
+                lines += self._loop(k, loop, locals_, indent)
+            for _ in outer_vars[collapse:]:
+                indent = indent[:-2]
+                lines.append(f"{indent}}}")
+            return lines
+
+        if depth == 0:
+            return body("  ")
+        return self._dispatch(outer_vars[:collapse], k.outer[:collapse], ir.product(k.outer) * ir.product(k.inner),
+                              body)
+
+    def _dispatch(self, vars_: list[str], extents, work, body) -> list[str]:
+        """A loop nest whose body is a lambda, run by OpenMP threads when the work is worth it and on the
+        calling thread otherwise: an OpenMP region with a false if() clause still costs about half a
+        microsecond, which a graph of small kernels pays per kernel per call."""
+        params = [f"int64_t {v}" for v in vars_] + (["int& tc_oob"] if self.checked else [])
+        args = ", ".join(vars_ + (["tc_oob"] if self.checked else []))
+        lines = [f"  auto body = [&]({', '.join(params)}) {{"] + body("    ") + ["  };"]
+
+        def nest(indent: str) -> list[str]:
+            out = []
+            for var, ext in zip(vars_, extents):
+                out.append(_for(var, ext, indent))
+                indent += "  "
+            out.append(f"{indent}body({args});")
+            for _ in vars_:
+                indent = indent[:-2]
+                out.append(f"{indent}}}")
+            return out
+
+        pragma = "    #pragma omp parallel for num_threads(f.nt) schedule(static)"
+        pragma += (f" collapse({len(vars_)})" if len(vars_) > 1 else "") + self._oob_clause()
+        lines.append(f"  if (f.nt > 1 && {cindex(work)} >= {PARALLEL_MIN_WORK}) {{")
+        lines += [pragma] + nest("    ")
+        lines.append("  } else {")
+        lines += nest("    ")
+        lines.append("  }")
         return lines
 
     def _loop(self, k: Kernel, loop: Loop, locals_: dict, indent: str) -> list[str]:
@@ -403,24 +430,27 @@ class CppKernelWriter:
 
     def _epilogue(self, node: ir.Node) -> list[str]:
         rank = len(node.ranges)
-        work = ir.product(node.ranges)
-        lines = [f"  #pragma omp parallel for num_threads(f.nt) schedule(static)"
-                 + (f" collapse({rank - 1})" if rank > 2 else "") + f" if({cindex(work)} >= {PARALLEL_MIN_WORK})"
-                 + self._oob_clause()]
-        indent = "  "
-        for d, ext in enumerate(node.ranges):
-            lines.append(_for(f"i{d}", ext, indent))
-            indent += "  "
-        em = Emitter(self.prog, {}, indent, self.names)
-        val = em.emit(node.body)
-        lines += em.lines
-        flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
-        lines.append(f"{indent}{node.out.name}[{cindex(flat)}] = {val};")
-        for d in range(rank):
-            indent = indent[:-2]
-            lines.append(f"{indent}}}")
-        return lines
+        ivars = [f"i{d}" for d in range(rank)]
+        collapse = max(rank - 1, 1)
 
+        def body(indent: str) -> list[str]:
+            lines = []
+            for var, ext in zip(ivars[collapse:], node.ranges[collapse:]):
+                lines.append(_for(var, ext, indent))
+                indent += "  "
+            em = Emitter(self.prog, {}, indent, self.names)
+            val = em.emit(node.body)
+            lines += em.lines
+            flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
+            lines.append(f"{indent}{node.out.name}[{cindex(flat)}] = {val};")
+            for _ in ivars[collapse:]:
+                indent = indent[:-2]
+                lines.append(f"{indent}}}")
+            return lines
+
+        if rank == 0:
+            return body("  ")
+        return self._dispatch(ivars[:collapse], node.ranges[:collapse], ir.product(node.ranges), body)
 
 # ---------------------------------------------------------------------------------------------------------
 # the translation unit

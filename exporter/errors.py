@@ -42,3 +42,17 @@ class BuildError(ExportError):
     """The C++ compiler failed on generated code: a bug in tcexport, reported with the log and the source path."""
 
     exit_code = 15
+
+
+class SpecializedDimError(DynamicSpecError):
+    """A dim marked dynamic was fixed to a constant by the model's code (export specialised it).
+
+    ``input``/``dim`` name the first place the symbol was put, ``value`` the constant, ``reason`` torch's words."""
+
+    def __init__(self, message: str, *, input: str | None, dim: int | None, symbol: str, value: int, reason: str):
+        super().__init__(message)
+        self.input = input
+        self.dim = dim
+        self.symbol = symbol
+        self.value = value
+        self.reason = reason

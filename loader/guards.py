@@ -82,7 +82,7 @@ class GuardPlan:
         env, where = self._bind(arrays)
         self._check_ranges(env, where)
         self._check_derived(arrays, env, where)
-        self._check_relations(env)
+        self._check_relations(env, where)
         return env
 
     def _check_arity(self, arrays) -> None:
@@ -177,17 +177,37 @@ class GuardPlan:
                     f"Pass inputs whose dims satisfy {text}.",
                     input=dv.input, dim=dv.dim, symbol=dv.solves, expected=want, got=got, rule=text)
 
-    def _check_relations(self, env: dict[str, int]) -> None:
+    def _check_relations(self, env: dict[str, int], where: dict) -> None:
         for guard in self.manifest.guards:
             if _evaluate_or_none(guard.expr, env) != 1:
-                text = ex.to_text(guard.expr)
-                syms = sorted(ex.free_symbols(guard.expr))
-                values = ", ".join(f"{s}={env[s]}" for s in syms)
-                raise RelationError(
-                    f"{guard.message} (guard {text} does not hold for {values or 'these inputs'}). "
-                    f"Pass inputs that satisfy it.",
-                    symbol=syms[0] if len(syms) == 1 else None, expected=text,
-                    got={s: env[s] for s in syms}, rule=text)
+                self._relation_error(guard, env, where)
+
+    def _relation_error(self, guard, env: dict[str, int], where: dict):
+        """Name the rule, where each of its symbols came from, and (for one symbol) the nearest sizes that pass."""
+        text = ex.to_text(guard.expr)
+        syms = sorted(ex.free_symbols(guard.expr))
+        values = ", ".join(f"{s}={env[s]} from input {where[s][0]!r} dim {where[s][1]}" for s in syms)
+        fix = "Pass inputs that satisfy it."
+        if len(syms) == 1:
+            near = self._nearest_passing(guard.expr, syms[0], env)
+            if near:
+                fix = f"Pass {syms[0]} = {' or '.join(map(str, near))} instead."
+        name, dim = where[syms[0]] if len(syms) == 1 else (None, None)
+        raise RelationError(
+            f"{guard.message}: guard {text} does not hold for {values or 'these inputs'}. {fix}",
+            input=name, dim=dim, symbol=syms[0] if len(syms) == 1 else None, expected=text,
+            got={s: env[s] for s in syms}, rule=text)
+
+    def _nearest_passing(self, expr, sym: str, env: dict[str, int], reach: int = 64) -> list[int]:
+        lo, hi = self.ranges[sym]
+        value, out = env[sym], []
+        for step in range(1, reach + 1):
+            for v in (value - step, value + step):
+                if v >= lo and (hi is None or v <= hi) and _evaluate_or_none(expr, {**env, sym: v}) == 1:
+                    out.append(v)
+            if out:
+                return out
+        return out
 
 
 def _evaluate_or_none(expr, env) -> int | None:

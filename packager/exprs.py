@@ -20,7 +20,7 @@ def to_expr(e):
     if e.is_Symbol:
         return e.name
     if isinstance(e, sympy.Add):
-        return ["+", *[to_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)]]
+        return _sum(e)
     if isinstance(e, sympy.Mul):
         return ["*", *[to_expr(a) for a in sorted(e.args, key=sympy.default_sort_key)]]
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
@@ -49,3 +49,13 @@ def to_expr(e):
     if isinstance(e, sympy.Not):
         return ["not", to_expr(e.args[0])]
     raise FormatError(f"cannot store the expression {e} ({type(e).__name__}) in a manifest")
+
+
+def _sum(e: sympy.Add):
+    """Terms before the constant, and a negative constant as a difference: ``seq - 1``, not ``-1 + seq``."""
+    const, rest = e.as_coeff_Add()
+    terms = [to_expr(a) for a in sorted(sympy.Add.make_args(rest), key=sympy.default_sort_key)]
+    body = terms[0] if len(terms) == 1 else ["+", *terms]
+    if const == 0:
+        return body
+    return ["-", body, -int(const)] if const < 0 else (["+", *terms, int(const)])

@@ -10,7 +10,9 @@ import numpy as np
 import safetensors.numpy
 import torch
 
-from tcexport.formats.manifest import CPU_ABI_VERSION, FORMAT_VERSION, KernelBundle, Manifest, Symbol, TensorSpec
+from tcexport.formats import expr as ex
+from tcexport.formats.manifest import (CPU_ABI_VERSION, FORMAT_VERSION, Guard, KernelBundle, Manifest, Symbol,
+                                       TensorSpec)
 
 from .archive import write_archive
 from .exprs import to_expr
@@ -30,6 +32,7 @@ class Package:
     members: dict
     timings: dict
     onnx: bytes | None = None  # the model as ONNX, when the export asked for it
+    warnings: tuple = ()       # what export demanded and tcexport accepted (e.g. a divisibility guard)
 
     def save(self, path) -> Path:
         return write_archive(Path(path), self.manifest, self.members)
@@ -80,7 +83,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         inputs=tuple(_spec(prog, low, n) for n in prog.inputs),
         outputs=tuple(_spec(prog, low, n) for n in prog.outputs),
         output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
-        guards=tuple(),
+        guards=_guards(st.captured.guards),
         weights_file=WEIGHTS_FILE,
         weights=tuple(weight_specs),
         kernels=tuple(bundles),
@@ -90,4 +93,18 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         sources=(CPP_SOURCE, KERNELS_TEXT),
         onnx=onnx,
     )
-    return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None)
+    return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
+                   tuple(st.captured.notes))
+
+
+def _guards(guards) -> tuple:
+    """Relations export found (capture's relations.Guard), in manifest form; duplicates dropped, order kept."""
+    out, seen = [], set()
+    for g in guards:
+        e = to_expr(g.expr)
+        key = ex.to_text(e) if not isinstance(e, int) else str(e)
+        if e == 1 or key in seen:  # a relation sympy already proved true needs no check
+            continue
+        seen.add(key)
+        out.append(Guard(e, g.message))
+    return tuple(out)

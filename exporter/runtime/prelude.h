@@ -143,28 +143,33 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
   const int threads = work >= 262144.0 ? nt : 1;  // below 64^3 a split costs more than it saves
   const bool by_rows = M >= N || M >= 8 * threads;
   const int64_t parts = batch >= threads ? 1 : std::min<int64_t>(by_rows ? M : N, threads);
-  #pragma omp parallel for num_threads(threads) collapse(2) schedule(static) if(threads > 1)
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t p = 0; p < parts; ++p) {
-      const T* a = A + b * a_batch;
-      const T* bb = B + b * b_batch;
-      T* c = C + b * M * N;
-      int64_t m = M, n = N;
-      if (parts > 1 && by_rows) {
-        const int64_t m0 = p * M / parts, m1 = (p + 1) * M / parts;
-        a += ta ? m0 : m0 * lda;
-        c += m0 * N;
-        m = m1 - m0;
-      } else if (parts > 1) {
-        const int64_t n0 = p * N / parts, n1 = (p + 1) * N / parts;
-        bb += tb ? n0 * ldb : n0;
-        c += n0;
-        n = n1 - n0;
-      }
-      if (m > 0 && n > 0)
-        gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
-             bb, (int)ldb, T(0), c, (int)N);
+  auto piece = [&](int64_t b, int64_t p) {
+    const T* a = A + b * a_batch;
+    const T* bb = B + b * b_batch;
+    T* c = C + b * M * N;
+    int64_t m = M, n = N;
+    if (parts > 1 && by_rows) {
+      const int64_t m0 = p * M / parts, m1 = (p + 1) * M / parts;
+      a += ta ? m0 : m0 * lda;
+      c += m0 * N;
+      m = m1 - m0;
+    } else if (parts > 1) {
+      const int64_t n0 = p * N / parts, n1 = (p + 1) * N / parts;
+      bb += tb ? n0 * ldb : n0;
+      c += n0;
+      n = n1 - n0;
     }
+    if (m > 0 && n > 0)
+      gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
+           bb, (int)ldb, T(0), c, (int)N);
+  };
+  if (threads > 1) {  // no OpenMP region at all otherwise: even a one-thread region costs ~0.5 us
+    #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t p = 0; p < parts; ++p) piece(b, p);
+  } else {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t p = 0; p < parts; ++p) piece(b, p);
   }
 }
 
