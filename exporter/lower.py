@@ -268,7 +268,7 @@ def eliminate_dead_nodes(prog: ir.Program) -> None:
 
 
 def lower(captured: Captured) -> tuple[ir.Program, Lowering]:
-    from . import lower_create, lower_index, lower_ops  # noqa: F401  (register the rules)
+    from . import lower_conv, lower_create, lower_index, lower_layout, lower_ops, lower_reduce  # noqa: F401 (rules)
 
     low = Lowering(captured)
     prog = low.run()

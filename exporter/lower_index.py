@@ -57,7 +57,8 @@ def _embedding(low, node, val, weight, indices, padding_idx=-1, *rest):
 @register(aten.index_select)
 def _index_select(low, node, val, x, dim, index):
     dim %= max(len(x.shape), 1)
-    src = index.load((ir.ivar(dim),)) if index.shape else index.load(())
+    at = (ir.ivar(dim) if len(val.shape) else sympy.Integer(0),)  # a 0-d x gives a 0-d result
+    src = index.load(at) if index.shape else index.load(())
     pos = [ir.xvar(0) if d == dim else ir.ivar(d) for d in range(len(x.shape))]
     return _gather_node(low, val, x, pos, [src])
 
@@ -100,7 +101,7 @@ def _cat(low, node, val, tensors, dim=0):
     """A chain of selects on the position along ``dim``; each part is read at a clamped index so the branch
     not taken never reads outside its buffer."""
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)]
+    parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)] or list(tensors[:1])
     dim %= len(shape)
     starts, start = [], sympy.Integer(0)
     for t in parts:

@@ -1,0 +1,324 @@
+"""Drives op_db samples through the whole pipeline: export → package → load → run torch-free → compare.
+
+Exporting costs about a second per package (torch.export + g++), so samples are batched: one module whose forward
+runs many samples (of many ops) and returns all their results as one flat tuple. A batch that fails to export is
+split in halves until the failing samples are isolated, so one bad sample never hides the others' results.
+Samples listed in expected_failures.py are exported in their own batches (one per op and dtype), so a known gap
+costs no bisection of the big batches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from claimed_ops import CLAIMED, SAMPLES_PER_OP
+from expected_failures import EXPECTED_FAILURES, XFail
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "bool": torch.bool}
+SUPPORTED = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+             torch.bool}
+# (rtol, atol) against eager in the same dtype; a float32 result that misses is still accepted when it is at least
+# as close to the float64 reference as eager's own float32 result is (times a small factor)
+TOLERANCE = {"float32": (1.3e-5, 1e-5), "float64": (1e-7, 1e-7)}
+REF_FACTOR = 4.0
+WORK = Path(tempfile.mkdtemp(prefix="tcexport-opinfo-"))
+os.environ.setdefault("TCEXPORT_CACHE", str(WORK / "cache"))
+
+
+@dataclass
+class Case:
+    op: str      # op_db name, with ".variant" when it has one
+    dtype: str
+    index: int   # position among the op's usable samples
+    fn: object
+    sample: object
+    description: str
+    expected: object = None       # eager outputs (flat list of tensors)
+    reference: object = None      # the same computed in float64 from the same inputs (float cases only)
+    outcome: str = "not run"      # "pass" | "export: ..." | "run: ..." | "mismatch: ..."
+    xfail: XFail | None = field(default=None)
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}[{self.dtype}]#{self.index}"
+
+
+def _opinfos() -> dict:
+    from torch.testing._internal.common_methods_invocations import op_db
+    return {o.name + (f".{o.variant_test_name}" if o.variant_test_name else ""): o for o in op_db}
+
+
+def describe(sample) -> str:
+    """A stable text for a sample that expected_failures patterns match against (fnmatch)."""
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).replace('torch.', '')}[{','.join(map(str, x.shape))}]"
+        if isinstance(x, (list, tuple)):
+            inner = ",".join(one(y) for y in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+        if isinstance(x, dict):
+            return "{" + ",".join(f"{k}={one(v)}" for k, v in x.items()) + "}"
+        return repr(x)
+    return f"input={one(sample.input)} args={one(tuple(sample.args))} kwargs={one(dict(sample.kwargs))}"
+
+
+def _usable(sample) -> bool:
+    leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    first = pytree.tree_leaves(sample.input)
+    if not tensors or not first or not isinstance(first[0], torch.Tensor):
+        return False  # scalar-only inputs
+    for t in tensors:
+        if t.dtype not in SUPPORTED or t.layout != torch.strided or t.requires_grad or t.device.type != "cpu":
+            return False
+    for x in leaves:
+        if isinstance(x, torch.device) and x.type != "cpu" or isinstance(x, str) and x.startswith("cuda"):
+            return False
+        if isinstance(x, torch.dtype) and x not in SUPPORTED:
+            return False
+    return True
+
+
+def _flat_outputs(out):
+    leaves = pytree.tree_leaves(out)
+    if not leaves or not all(isinstance(t, torch.Tensor) and t.dtype in SUPPORTED for t in leaves):
+        return None
+    return leaves
+
+
+def _to_float64(x):
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+def collect(op_names=None, dtypes=None) -> list[Case]:
+    """Usable samples for every claimed (op, dtype), at most SAMPLES_PER_OP each, with eager results."""
+    infos = _opinfos()
+    cases = []
+    for op in op_names or CLAIMED:
+        info = infos[op]
+        for dt in CLAIMED[op]:
+            if dtypes and dt not in dtypes:
+                continue
+            tdt = DTYPES[dt]
+            if tdt not in info.supported_dtypes("cpu"):
+                continue
+            torch.manual_seed(0)
+            usable = []
+            for s in info.sample_inputs("cpu", tdt, requires_grad=False):
+                if _usable(s):
+                    usable.append(s)
+            picked = [usable[round(k * (len(usable) - 1) / max(SAMPLES_PER_OP - 1, 1))]
+                      for k in range(min(SAMPLES_PER_OP, len(usable)))] if len(usable) > SAMPLES_PER_OP else usable
+            k = 0
+            for s in _unique(picked):
+                case = _make_case(op, dt, k, info, s)
+                if case is not None:
+                    cases.append(case)
+                    k += 1
+    return cases
+
+
+def _unique(xs):
+    seen, out = set(), []
+    for x in xs:
+        if id(x) not in seen:
+            seen.add(id(x))
+            out.append(x)
+    return out
+
+
+def _make_case(op, dt, k, info, s) -> Case | None:
+    with warnings.catch_warnings():  # op_db samples include degenerate ones (std over one element, ...)
+        warnings.simplefilter("ignore")
+        return _make_case_quiet(op, dt, k, info, s)
+
+
+def _make_case_quiet(op, dt, k, info, s) -> Case | None:
+    try:
+        with torch.no_grad():
+            expected = _flat_outputs(info.op(s.input, *s.args, **s.kwargs))
+    except Exception:
+        return None
+    if expected is None:
+        return None
+    case = Case(op, dt, k, info.op, s, describe(s), [t.clone() for t in expected])
+    if dt in ("float32",):
+        ref_s = s.transform(_to_float64)
+        with torch.no_grad():
+            try:
+                case.reference = _flat_outputs(info.op(ref_s.input, *ref_s.args, **ref_s.kwargs))
+            except Exception:
+                case.reference = None
+    case.xfail = next((x for x in EXPECTED_FAILURES if x.matches(case.op, case.dtype, case.description)), None)
+    return case
+
+
+# ---------------------------------------------------------------------------------------------------------
+# batching
+
+
+class Batch(torch.nn.Module):
+    """forward(*tensors) runs every case on its slice of the inputs and returns all outputs, flattened."""
+
+    def __init__(self, cases: list[Case]):
+        super().__init__()
+        self.plans = []
+        self.inputs = []
+        for c in cases:
+            leaves, spec = pytree.tree_flatten((c.sample.input, tuple(c.sample.args), dict(c.sample.kwargs)))
+            slots = []
+            for x in leaves:
+                if isinstance(x, torch.Tensor):
+                    slots.append(len(self.inputs))
+                    self.inputs.append(x.detach().clone().contiguous())
+                else:
+                    slots.append(None)
+            self.plans.append((c.fn, leaves, spec, slots))
+
+    def forward(self, *tensors):
+        outs = []
+        for fn, leaves, spec, slots in self.plans:
+            args = [tensors[s] if s is not None else x for x, s in zip(leaves, slots)]
+            inp, a, kw = pytree.tree_unflatten(args, spec)
+            outs.extend(pytree.tree_leaves(fn(inp, *a, **kw)))
+        return tuple(outs)
+
+
+def native_isa_only():
+    """A context in which exports build only the ISA level the loader picks on this CPU: what runs is what is
+    tested, at a third of the compile time (the ISA matrix itself is covered by the end-to-end tests)."""
+    from unittest import mock
+
+    from tcexport.exporter import build
+    from tcexport.loader.native_cpu import cpu_flags
+
+    flags = cpu_flags() or set()
+    best = next((isa for isa in build.ISA_LEVELS if set(isa.requires) <= flags), build.ISA_LEVELS[-1])
+    real = build.build_all
+    return mock.patch.object(build, "build_all", lambda source, isas=None, cache_dir=None:
+                             real(source, (best,), cache_dir))
+
+
+def run_batch(cases: list[Case], tag: str) -> None:
+    """Export, package, load and run ``cases`` as one module; on an export failure, split and retry."""
+    from tcexport.exporter.pipeline import export
+    import tcexport.loader as L
+
+    if not cases:
+        return
+    module = Batch(cases)
+    try:
+        pkg = export(module, tuple(module.inputs), None, name=f"opinfo_{tag}")
+        path = WORK / f"{tag}.tcpkg"
+        pkg.save(path)
+        model = L.load(path)
+    except Exception as e:
+        if len(cases) > 1:
+            half = _split_point(cases)
+            run_batch(cases[:half], tag + "a")
+            run_batch(cases[half:], tag + "b")
+            return
+        cases[0].outcome = f"export: {type(e).__name__}: {_first_lines(str(e))}"
+        return
+    try:
+        got = model(*[t.numpy() for t in module.inputs])
+    except Exception as e:
+        if len(cases) > 1:
+            half = _split_point(cases)
+            run_batch(cases[:half], tag + "a")
+            run_batch(cases[half:], tag + "b")
+            return
+        cases[0].outcome = f"run: {type(e).__name__}: {_first_lines(str(e))}"
+        return
+    got = list(got) if isinstance(got, tuple) else [got]
+    pos = 0
+    for c in cases:
+        n = len(c.expected)
+        c.outcome = compare(c, got[pos:pos + n])
+        pos += n
+
+
+def _split_point(cases: list[Case]) -> int:
+    """Halve at an op boundary when there is one near the middle (failures are usually per op)."""
+    mid = len(cases) // 2
+    for d in range(len(cases) // 2):
+        for k in (mid - d, mid + d):
+            if 0 < k < len(cases) and cases[k].op != cases[k - 1].op:
+                return k
+    return mid
+
+
+def _first_lines(text: str, n: int = 3) -> str:
+    return " | ".join(line for line in text.strip().splitlines()[:n])
+
+
+def compare(c: Case, got: list) -> str:
+    if len(got) != len(c.expected):
+        return f"mismatch: {len(got)} outputs, eager has {len(c.expected)}"
+    for k, (g, w) in enumerate(zip(got, c.expected)):
+        g = np.asarray(g)
+        w_np = w.numpy()
+        if g.shape != w_np.shape or g.dtype != w_np.dtype:
+            return f"mismatch: output {k} is {g.dtype}{list(g.shape)}, eager gives {w_np.dtype}{list(w_np.shape)}"
+        if w.is_floating_point():
+            ref = c.reference[k].numpy() if c.reference is not None else None
+            msg = _close(g, w_np, ref, str(w_np.dtype))
+            if msg:
+                return f"mismatch: output {k}: {msg}"
+        elif not np.array_equal(g, w_np):
+            bad = np.argwhere(g != w_np)[:3].tolist()
+            return f"mismatch: output {k} differs (exact dtype {w_np.dtype}) at {bad}"
+    return "pass"
+
+
+def _close(got, want, ref, dtype: str) -> str | None:
+    rtol, atol = TOLERANCE.get(dtype, TOLERANCE["float32"])
+    ok = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    if ok.all():
+        return None
+    if ref is not None:
+        ours = np.abs(got.astype(np.float64) - ref)
+        theirs = np.abs(want.astype(np.float64) - ref)
+        near = (ours <= REF_FACTOR * theirs + atol + rtol * np.abs(ref)) | (np.isnan(got) & np.isnan(ref))
+        ok = ok | near
+        if ok.all():
+            return None
+    bad = np.argwhere(~ok)
+    where = tuple(bad[0])
+    diff = np.nanmax(np.abs(got.astype(np.float64) - want)[~ok]) if want.size else math.nan
+    return f"{len(bad)} of {want.size} elements off (max |diff| {diff:.3g}); first at {list(where)}: " \
+           f"got {got[where]!r}, eager {want[where]!r}"
+
+
+def run_all(cases: list[Case], group_size: int = 60) -> None:
+    """Every case through the pipeline: known gaps batched per (op, dtype), the rest in large batches."""
+    with native_isa_only():
+        _run_all(cases, group_size)
+
+
+def _run_all(cases: list[Case], group_size: int) -> None:
+    known = {}
+    rest: dict[str, list] = {}
+    for c in cases:
+        if c.xfail is not None:
+            known.setdefault((c.op, c.dtype), []).append(c)
+        else:
+            rest.setdefault(c.dtype, []).append(c)
+    for dt, cs in rest.items():
+        for g in range(0, len(cs), group_size):
+            run_batch(cs[g:g + group_size], f"{dt}_{g // group_size}")
+    for (op, dt), cs in known.items():
+        run_batch(cs, f"xfail_{_tag(op)}_{dt}")
+
+
+def _tag(op: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in op)

@@ -1,0 +1,46 @@
+"""examples/cnn.py end to end: conv / batch norm / pooling export with a dynamic batch, run torch-free."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tcexport.loader as L
+from packages import EXAMPLES, built, load_module
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def eager():
+    return load_module(EXAMPLES / "cnn.py").model().eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return L.load(built(str(EXAMPLES / "cnn.py")))
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_matches_eager(model, eager, batch):
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 32, 32), dtype=np.float32)
+    got = model(x)
+    with torch.no_grad():
+        want = eager(torch.from_numpy(x)).numpy()
+    assert got.shape == (batch, 10) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_signature(model):
+    (x,), (out,) = model.inputs, model.outputs
+    assert list(x.shape) == ["batch", 3, 32, 32] and list(out.shape) == ["batch", 10]
+    assert [(s.name, s.min, s.max) for s in model.manifest.symbols] == [("batch", 1, 64)]
+
+
+def test_batch_norm_and_relu_fuse_away(model):
+    """Bias, batch norm and ReLU leave no kernel of their own over the activations: they run inside the
+    kernel that reads the convolution's output (the pooling)."""
+    names = model.manifest.plan["kernels"]
+    assert len(names) == 7, names  # conv, scale/shift, conv+max pool, conv, scale/shift, conv+avg pool, linear
+    assert sum("pointwise" in n for n in names) == 2, names  # only the per-channel scale/shift (C elements)
