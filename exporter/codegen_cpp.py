@@ -65,6 +65,25 @@ ARG_REDUCTIONS = {"argmax": "max", "argmin": "min"}  # arg reduction -> the redu
 SIMD_REDUCTION = {"sum": "+", "prod": "*"}
 
 
+def reduce_step(op: str, dtype: str, acc: str) -> tuple[str, list[str], list[str], list[str]]:
+    """How one reduction accumulates: (step template over {v} and {idx}, OpenMP simd reduction clauses — empty
+    when the step cannot be vectorised —, lines before the loop, lines after it). Float max/min keep a separate
+    NaN flag so the comparison itself stays a plain vector max/min while NaN still propagates as in PyTorch."""
+    if op in SIMD_REDUCTION:
+        return REDUCE_STEP[op].replace("{acc}", acc), [f"{SIMD_REDUCTION[op]}:{acc}"], [], []
+    if op in ("max", "min"):
+        fn = "std::max" if op == "max" else "std::min"
+        if dtype == "bool":
+            bit = "|" if op == "max" else "&"
+            return f"{acc} = {acc} {bit} {{v}};", [f"{bit}:{acc}"], [], []
+        if dtype not in ir.FLOAT_DTYPES:
+            return f"{acc} = {fn}({acc}, {{v}});", [f"{op}:{acc}"], [], []
+        t = CTYPE[dtype]
+        return (f"{acc} = {fn}({acc}, {{v}}); {acc}_nan |= ({{v}} != {{v}});", [f"{op}:{acc}", f"|:{acc}_nan"],
+                [f"int {acc}_nan = 0;"], [f"if ({acc}_nan) {acc} = std::numeric_limits<{t}>::quiet_NaN();"])
+    return REDUCE_STEP[op].replace("{acc}", acc), [], [], []
+
+
 # ---------------------------------------------------------------------------------------------------------
 # index expressions
 
@@ -368,9 +387,14 @@ class CppKernelWriter:
                 if s.node.reduce_op in ARG_REDUCTIONS:
                     lines.append(f"{indent}{_arg_value_init(s.node, acc)}")
                 accs.append((s, acc))
-            simd = [f"{SIMD_REDUCTION[s.node.reduce_op]}:{acc}" for s, acc in accs if s.node.reduce_op in SIMD_REDUCTION]
-            if len(simd) == len(accs) and s.node.out.dtype in ir.FLOAT_DTYPES:
-                lines.append(f"{indent}#pragma omp simd reduction({', '.join(simd)})" + self._oob_clause())
+            plans = {id(s): reduce_step(s.node.reduce_op, s.node.out.dtype, acc) for s, acc in accs}
+            for s, _ in accs:
+                lines += [f"{indent}{line}" for line in plans[id(s)][2]]
+            clauses = [c for plan in plans.values() for c in plan[1]]
+            if all(plan[1] for plan in plans.values()):
+                collapse = f" collapse({len(k.inner)})" if len(k.inner) > 1 else ""
+                reductions = " ".join(f"reduction({c})" for c in clauses)
+                lines.append(f"{indent}#pragma omp simd{collapse} {reductions}" + self._oob_clause())
         inner_vars = [f"q{d}" for d in range(len(k.inner))]
         body_indent = indent
         for var, ext in zip(inner_vars, k.inner):
@@ -380,9 +404,7 @@ class CppKernelWriter:
         for s in loop.stages:
             val = em.emit(ir.subs_index(s.node.body, s.var_map))
             if loop.level == "reduce":
-                acc = dict((id(x), a) for x, a in accs)[id(s)]
-                em.lines.append(body_indent + REDUCE_STEP[s.node.reduce_op].format(
-                    acc=acc, v=val, idx=cindex(_flat_position(k.inner))))
+                em.lines.append(body_indent + plans[id(s)][0].format(v=val, idx=cindex(_flat_position(k.inner))))
             else:
                 em.lines += self._store(k, s, val, locals_, body_indent)
         lines += em.lines
@@ -390,6 +412,7 @@ class CppKernelWriter:
             body_indent = body_indent[:-2]
             lines.append(f"{body_indent}}}")
         for s, acc in accs:
+            lines += [f"{indent}{line}" for line in plans[id(s)][3]]
             lines += self._store(k, s, acc, locals_, indent)
         return lines
 

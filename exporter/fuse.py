@@ -137,16 +137,18 @@ def absorb_epilogues(prog: ir.Program) -> None:
             p = readers[0]
             if p.kind != "pointwise" or p.out.dtype != g.out.dtype \
                     or not ir.same_size(ir.product(p.ranges), ir.product(g.ranges)) \
-                    or not _same_element_loads(p, g.out) or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer) \
-                    or (g.body is not None and not _same_ranges(p.ranges, g.ranges)):
+                    or not _same_element_loads(p, g.out) or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer):
                 continue
             # p reads the GEMM's result element for element (possibly through a contiguous reshape), so the
             # GEMM can store straight into p's buffer; the epilogue iterates p's shape.
             ident = tuple(ir.ivar(k) for k in range(len(p.ranges)))
-            if g.body is None:
-                result = ir.Load(g.out.dtype, p.out.name, ident)
-            else:
-                result = _rename(g.body, g.out.name, p.out.name)
+            here = ir.Load(g.out.dtype, p.out.name, ident)
+            result = here
+            if g.body is not None:  # the earlier epilogue, moved into p's index space through p's own read
+                at = next(ld.index for ld in ir.loads(p.body) if ld.buffer == g.out.name)
+                moved = ir.subs_index(g.body, {ir.ivar(k): e for k, e in enumerate(at)})
+                result = ir.map_values(moved, lambda v: here if isinstance(v, ir.Load) and v.buffer == g.out.name
+                                       else v)
             body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
                                  else v)
             g.body = None if body == ir.Load(g.out.dtype, p.out.name, ident) else body
@@ -328,5 +330,7 @@ def fuse(prog: ir.Program) -> list[Kernel]:
     absorb_epilogues(prog)
     prog.verify()
     inline_pointwise(prog)
+    prog.verify()
+    absorb_epilogues(prog)  # inlining can leave a GEMM output with one reader (x + 0.044715 * x**3 -> GELU)
     prog.verify()
     return group(prog)

@@ -116,19 +116,27 @@ def _binary_rule(name):
     def rule(low, node, val, a, b, alpha=1, **kw):
         if alpha != 1:
             return _scaled_binary(low, val, name, a, b, alpha)
-        if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) and b == 2:
-            return _square(low, val, a)
+        if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) \
+                and b in POW_BY_MULTIPLY and torch_dtype_name(val.dtype) in ir.FLOAT_DTYPES:
+            return _power(low, val, a, int(b))
         if name.startswith("logical_") and torch_dtype_name(val.dtype) != "bool":
             return _pointwise(low, val, "bit" + name[len("logical_"):], a, b)  # bitwise ops on integers
         return _pointwise(low, val, name, a, b, compute="bool" if name.startswith("logical_") else None)
     return rule
 
 
-def _square(low, val, x):
-    """x ** 2 as x * x: the same value (pow is exact for it) at a fraction of the cost."""
+POW_BY_MULTIPLY = (1, 2, 3, 4)
+
+
+def _power(low, val, x, n: int):
+    """x ** n for a small integer n as repeated products: what pow computes, at a fraction of the cost, and
+    vectorisable (tanh-GELU's x ** 3, RMSNorm's x ** 2)."""
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
     v = _value(x, shape, out)
-    return low.pointwise(shape, out, ir.Op(out, "mul", (v, v)))
+    acc = v
+    for _ in range(n - 1):
+        acc = ir.Op(out, "mul", (acc, v))
+    return low.pointwise(shape, out, acc)
 
 
 def _scaled_binary(low, val, name, a, b, alpha):
