@@ -1,7 +1,8 @@
 """A loaded package as a Python callable: verify, guard, run the native entry point, return outputs.
 
 A Model holds only immutable state after ``load`` (the mapping, weight pointers, the guard plan, the
-ctypes function); every call allocates its own outputs, workspace, context and error buffer, and
+ctypes function); every call has its own outputs, and each thread its own workspace, context and error buffer
+(reused across that thread's calls), and
 ctypes releases the GIL during the native call, so threads may call one Model concurrently.
 """
 
@@ -139,8 +140,8 @@ class Model:
 
     def _run(self, arrays: list[np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
         outputs = [np.empty(self._shape(shape, env), dtype) for shape, dtype in self._outputs]
-        workspace, ws_ptr = _workspace(self._workspace_bytes(env))
         b = self._buffers()
+        ws_ptr = b.workspace_for(self._workspace_bytes(env))
         for k, s in enumerate(self._symbol_names):
             b.symbols[k] = env[s]
         for k, a in enumerate(arrays):
@@ -149,7 +150,6 @@ class Model:
             b.outputs[k] = o.ctypes.data
         b.error[0] = b"\0"
         rc = self._native.run(b.ctx_ref, b.symbols, b.inputs, self._weight_ptrs, b.outputs, ws_ptr)
-        del workspace  # the buffer had to live until the native call returned
         if rc != 0:
             message = b.error.value.decode("utf-8", errors="replace") or "no message"
             raise RuntimeKernelError(f"model {self.manifest.model!r}: kernel library {self._native.bundle.file!r} "
@@ -177,10 +177,20 @@ class _CallBuffers:
         self.symbols = (ctypes.c_int64 * n(len(model._symbol_names)))()
         self.inputs = (ctypes.c_void_p * n(len(model._input_names)))()
         self.outputs = (ctypes.c_void_p * n(len(model._outputs)))()
+        self.workspace: np.ndarray | None = None
+        self.workspace_ptr: int | None = None
+
+    def workspace_for(self, nbytes: int) -> int | None:
+        """This thread's scratch buffer, grown when a call needs more (kept: the next call reuses it)."""
+        if nbytes <= 0:
+            return _workspace(nbytes)[1]  # NULL for none; a negative size raises
+        if self.workspace is None or self.workspace.nbytes - WORKSPACE_ALIGNMENT < nbytes:
+            self.workspace, self.workspace_ptr = _workspace(nbytes)
+        return self.workspace_ptr
 
 
 def _workspace(nbytes: int) -> tuple[np.ndarray | None, int | None]:
-    """A fresh 64-byte-aligned scratch buffer per call (NULL when the plan needs none)."""
+    """A 64-byte-aligned scratch buffer of at least ``nbytes`` (NULL when the plan needs none)."""
     if nbytes < 0:
         raise FormatError(f"manifest workspace_bytes evaluated to {nbytes}; rebuild the package")
     if nbytes == 0:
