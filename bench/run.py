@@ -146,6 +146,24 @@ def bench_backend(backend, bm, ctx: Context, batches, ref, cold_runs: int) -> di
     return row
 
 
+def _bench_in_child(backend, model_name: str, ctx: Context, batches, ref, cold_runs: int) -> dict:
+    torch.set_num_threads(ctx.threads)
+    return bench_backend(backend, get(model_name), ctx, batches, ref, cold_runs)
+
+
+def isolated(backend, model_name: str, ctx: Context, batches, ref, cold_runs: int) -> dict:
+    """Each backend in a fresh process: thread pools that other backends left behind (torch's OpenMP team,
+    ONNX Runtime's spinning workers) would otherwise take cores from the one being timed."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(_bench_in_child, backend, model_name, ctx, batches, ref, cold_runs).result()
+        except Exception as e:  # the child died (a crash in native code): recorded, the run goes on
+            return {"latency": {}, "error": f"process: {type(e).__name__}: {e}"}
+
+
 def add_ratios(model_rows: dict) -> None:
     """Every speed figure also as a ratio to torch.compile (default mode) from the same run."""
     base = model_rows.get("torch.compile", {})
@@ -198,7 +216,7 @@ def run_suite(suite: str, threads: int, cold_runs: int, only: list[str] | None, 
                 if only and backend.name not in only:
                     continue
                 print(f"[{key}] {backend.name}", file=sys.stderr, flush=True)
-                rows[backend.name] = bench_backend(backend, bm, ctx, batches, ref, cold_runs)
+                rows[backend.name] = isolated(backend, name, ctx, batches, ref, cold_runs)
                 if "error" in rows[backend.name]:
                     print(f"    error: {rows[backend.name]['error']}", file=sys.stderr)
             add_ratios(rows)
