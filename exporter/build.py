@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from tcexport.formats.files import write_atomically
+
 from .errors import BuildError
 
 
@@ -76,9 +78,7 @@ def build_one(source: str, isa: IsaLevel, cache_dir: Path) -> bytes:
             raise BuildError(f"the C++ compiler failed on generated code for {isa.name} (a tcexport bug; "
                              f"please report it with this log). Source kept at {keep}\n{proc.stderr[-4000:]}")
         data = out.read_bytes()
-    tmp_path = cached.with_suffix(f".tmp{os.getpid()}")
-    tmp_path.write_bytes(data)
-    os.replace(tmp_path, cached)
+    write_atomically(cached, data)
     return data
 
 

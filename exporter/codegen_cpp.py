@@ -16,7 +16,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from . import ir
-from .fuse import Kernel, ovar, qvar
+from .fuse import Kernel, qvar
 from .plan import MemoryPlan
 
 CTYPE = {"float64": "double", "float32": "float", "int64": "int64_t", "int32": "int32_t", "int16": "int16_t",
@@ -269,6 +269,19 @@ def _for(var: str, extent, indent: str) -> str:
     return f"{indent}for (int64_t {var} = 0; {var} < {cindex(extent)}; ++{var}) {{"
 
 
+def _nest(vars_, extents, indent: str, inner) -> list[str]:
+    """``for`` loops over ``vars_`` around the lines ``inner(indent)`` returns for the innermost indent."""
+    lines = []
+    for var, ext in zip(vars_, extents):
+        lines.append(_for(var, ext, indent))
+        indent += "  "
+    lines += inner(indent)
+    for _ in vars_:
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+    return lines
+
+
 class CppKernelWriter:
     def __init__(self, prog: ir.Program, plan: MemoryPlan):
         self.prog = prog
@@ -295,8 +308,8 @@ class CppKernelWriter:
             parts.append(f"{ld.buffer} (shape [{', '.join(map(str, buf.shape))}]){where}")
         parts = list(dict.fromkeys(parts))
         text = (f"kernel {k.name}: an index read from a tensor is out of range (negative, or not below the "
-                f"size of the dim it indexes) for " + "; or ".join(parts) + ". Check the index inputs, e.g. "
-                f"token ids against the vocabulary size.")
+                "size of the dim it indexes) for " + "; or ".join(parts) + ". Check the index inputs, e.g. "
+                "token ids against the vocabulary size.")
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     def _oob_clause(self) -> str:
@@ -322,17 +335,14 @@ class CppKernelWriter:
         # the innermost loop of a pure pointwise kernel stays inside the body, where it vectorises
         collapse = depth if k.inner else max(depth - 1, 1)
 
-        def body(indent: str) -> list[str]:
+        def stages(indent: str) -> list[str]:
             lines, locals_ = [], {}
-            for var, ext in zip(outer_vars[collapse:], k.outer[collapse:]):
-                lines.append(_for(var, ext, indent))
-                indent += "  "
             for loop in _split_loops(k):
                 lines += self._loop(k, loop, locals_, indent)
-            for _ in outer_vars[collapse:]:
-                indent = indent[:-2]
-                lines.append(f"{indent}}}")
             return lines
+
+        def body(indent: str) -> list[str]:
+            return _nest(outer_vars[collapse:], k.outer[collapse:], indent, stages)
 
         if depth == 0:
             return body("  ")
@@ -348,15 +358,7 @@ class CppKernelWriter:
         lines = [f"  auto body = [&]({', '.join(params)}) {{"] + body("    ") + ["  };"]
 
         def nest(indent: str) -> list[str]:
-            out = []
-            for var, ext in zip(vars_, extents):
-                out.append(_for(var, ext, indent))
-                indent += "  "
-            out.append(f"{indent}body({args});")
-            for _ in vars_:
-                indent = indent[:-2]
-                out.append(f"{indent}}}")
-            return out
+            return _nest(vars_, extents, indent, lambda ind: [f"{ind}body({args});"])
 
         pragma = "    #pragma omp parallel for num_threads(f.nt) schedule(static)"
         pragma += (f" collapse({len(vars_)})" if len(vars_) > 1 else "") + self._oob_clause()
@@ -395,22 +397,17 @@ class CppKernelWriter:
                 collapse = f" collapse({len(k.inner)})" if len(k.inner) > 1 else ""
                 reductions = " ".join(f"reduction({c})" for c in clauses)
                 lines.append(f"{indent}#pragma omp simd{collapse} {reductions}" + self._oob_clause())
-        inner_vars = [f"q{d}" for d in range(len(k.inner))]
-        body_indent = indent
-        for var, ext in zip(inner_vars, k.inner):
-            lines.append(_for(var, ext, body_indent))
-            body_indent += "  "
-        em = Emitter(self.prog, locals_, body_indent, self.names)
-        for s in loop.stages:
-            val = em.emit(ir.subs_index(s.node.body, s.var_map))
-            if loop.level == "reduce":
-                em.lines.append(body_indent + plans[id(s)][0].format(v=val, idx=cindex(_flat_position(k.inner))))
-            else:
-                em.lines += self._store(k, s, val, locals_, body_indent)
-        lines += em.lines
-        for _ in inner_vars:
-            body_indent = body_indent[:-2]
-            lines.append(f"{body_indent}}}")
+        def step(inner_indent: str) -> list[str]:
+            em = Emitter(self.prog, locals_, inner_indent, self.names)
+            for s in loop.stages:
+                val = em.emit(ir.subs_index(s.node.body, s.var_map))
+                if loop.level == "reduce":
+                    em.lines.append(inner_indent + plans[id(s)][0].format(v=val, idx=cindex(_flat_position(k.inner))))
+                else:
+                    em.lines += self._store(k, s, val, locals_, inner_indent)
+            return em.lines
+
+        lines += _nest([f"q{d}" for d in range(len(k.inner))], k.inner, indent, step)
         for s, acc in accs:
             lines += [f"{indent}{line}" for line in plans[id(s)][3]]
             lines += self._store(k, s, acc, locals_, indent)
@@ -456,20 +453,14 @@ class CppKernelWriter:
         ivars = [f"i{d}" for d in range(rank)]
         collapse = max(rank - 1, 1)
 
-        def body(indent: str) -> list[str]:
-            lines = []
-            for var, ext in zip(ivars[collapse:], node.ranges[collapse:]):
-                lines.append(_for(var, ext, indent))
-                indent += "  "
+        def element(indent: str) -> list[str]:
             em = Emitter(self.prog, {}, indent, self.names)
             val = em.emit(node.body)
-            lines += em.lines
             flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
-            lines.append(f"{indent}{node.out.name}[{cindex(flat)}] = {val};")
-            for _ in ivars[collapse:]:
-                indent = indent[:-2]
-                lines.append(f"{indent}}}")
-            return lines
+            return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {val};"]
+
+        def body(indent: str) -> list[str]:
+            return _nest(ivars[collapse:], node.ranges[collapse:], indent, element)
 
         if rank == 0:
             return body("  ")

@@ -8,11 +8,12 @@ Export goes through ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` 
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from pathlib import Path
 
 import torch
+
+from tcexport.formats.files import write_atomically
 
 from . import dynamic
 from .errors import ExportError
@@ -55,18 +56,4 @@ def export_onnx_bytes(spec: ModelSpec, symbols: dict, places: dict) -> tuple[byt
 
 def write_onnx(data: bytes, path: Path) -> Path:
     """Atomically, like the archive: a temp file in the same folder, then rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, data)

@@ -13,10 +13,10 @@ import hashlib
 import os
 import pathlib
 import platform
-import tempfile
 from dataclasses import dataclass
 
 from tcexport.formats.errors import FormatError, IntegrityError, TargetError, VersionError
+from tcexport.formats.files import write_atomically
 from tcexport.formats.manifest import CPU_ABI_VERSION, KernelBundle, Manifest
 
 from .archive import Archive
@@ -127,7 +127,7 @@ def _no_bundle_message(manifest: Manifest, bundles: list[KernelBundle], flags, a
     return (f"package {manifest.model!r} has no cpu kernels this {arch} machine can run. "
             f"Package targets: {targets or 'none'}; cpu bundles: {_describe(bundles)}. "
             + "; ".join(f"{k.isa} needs {_missing(k, flags, arch)}" for k in bundles)
-            + f". Rebuild with a target for this machine (baseline x86-64 runs on every x86-64 CPU).")
+            + ". Rebuild with a target for this machine (baseline x86-64 runs on every x86-64 CPU).")
 
 
 # -- extraction and loading -------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def extract(archive: Archive, bundle: KernelBundle, cache_dir: pathlib.Path | No
                              f"expected SHA-256 {expected}. Do not modify a package while loading it.")
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_atomically(target, data)
+        write_atomically(target, data, mode=0o555)
     except OSError as e:
         raise TargetError(f"cannot write the kernel cache {directory}: {e.strerror or e}. Set TCEXPORT_CACHE "
                           f"or pass cache_dir= to a writable directory.") from None
@@ -160,23 +160,6 @@ def _file_sha256(path: pathlib.Path) -> str | None:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
-
-
-def _write_atomically(target: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o555)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def check_libraries(bundle: KernelBundle) -> None:

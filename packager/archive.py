@@ -9,14 +9,13 @@ compressed, so the loader can memory-map weights and hash members in place.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import struct
-import tempfile
 import zlib
 from typing import BinaryIO, Mapping
 
 from tcexport.formats.errors import FormatError
+from tcexport.formats.files import write_atomically
 from tcexport.formats.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from tcexport.formats.members import check_member_name, sha256_hex
 
@@ -62,46 +61,8 @@ def write_archive(path, manifest: Manifest, members: Mapping[str, bytes]) -> pat
     manifest_bytes = manifest.dumps()
     parse_manifest(manifest_bytes)
     ordered = [(MANIFEST_NAME, manifest_bytes)] + [(n, members[n]) for n in names]
-    _write_atomically(path, lambda f: _write_zip(f, ordered))
+    write_atomically(path, lambda f: _write_zip(f, ordered), mode=0o644)
     return path
-
-
-def _write_atomically(path: pathlib.Path, write) -> None:
-    """Write through a temp file in the destination directory, then rename over ``path``.
-
-    Any exception, KeyboardInterrupt included, removes the temp file; an existing file at ``path``
-    is only ever replaced by a complete, fsynced archive.
-    """
-    directory = path.parent if str(path.parent) else pathlib.Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: pathlib.Path) -> None:
-    """Make the rename durable; not every platform can open a directory, which is fine."""
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
 
 
 def _write_zip(f: BinaryIO, ordered: list[tuple[str, bytes]]) -> None:
