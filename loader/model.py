@@ -112,6 +112,8 @@ class Model:
     def _gather(self, args: tuple, kwargs: dict) -> list:
         """Positional then keyword inputs, in manifest order; unknown, repeated or missing names are ArityErrors."""
         names = self._input_names
+        if not kwargs and len(args) == len(names):
+            return args  # the common call: every input positionally
         if len(args) > len(names):
             raise ArityError(f"model {self.manifest.model!r} takes {len(names)} input(s) ({', '.join(names)}), "
                              f"got {len(args)} positional. Pass exactly these inputs.",
