@@ -92,7 +92,7 @@ class Lowering:
         self.buffers: dict[str, ir.Buffer] = {}
         self.nodes: list[ir.Node] = []
         self.current: torch.fx.Node | None = None
-        self.weight_keys: dict[str, str] = {}  # buffer name -> state-dict key
+        self.public_names: dict[str, str] = {}  # buffer name -> the name users see (input, weight key, output)
         self.weight_values: dict[str, torch.Tensor] = {}
         self._count = 0
 
@@ -155,7 +155,7 @@ class Lowering:
                     user_k += 1
                     buf = self.new_buffer(dtype, shape, "input", name=_c_name("in_", name))
                     inputs.append(buf.name)
-                    self.weight_keys[buf.name] = name
+                    self.public_names[buf.name] = name
                 elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                     key = spec.target
                     tensor = ep.state_dict.get(key) if key in ep.state_dict else ep.constants.get(key)
@@ -163,7 +163,7 @@ class Lowering:
                         raise CaptureError(f"weight {key!r} has no value in the exported program")
                     buf = self.new_buffer(dtype, shape, "weight", name=_c_name("w_", key))
                     weights.append(buf.name)
-                    self.weight_keys[buf.name] = key
+                    self.public_names[buf.name] = key
                     self.weight_values[buf.name] = tensor.detach()
                 else:
                     raise self.unsupported(f"input of kind {spec.kind.name} ({node.name})")
@@ -225,7 +225,7 @@ class Lowering:
             _rename_loads(self.nodes, old, buf.name)
             names.append(buf.name)
             used.add(buf.name)
-            self.weight_keys[buf.name] = out_name
+            self.public_names[buf.name] = out_name
         return names
 
 

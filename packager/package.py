@@ -42,7 +42,7 @@ def _weights_bytes(st) -> tuple[bytes, list[TensorSpec]]:
     low, prog = st.lowering, st.program
     arrays, specs = {}, []
     for name in prog.weights:
-        key = low.weight_keys[name]
+        key = low.public_names[name]
         t = low.weight_values[name]
         arrays[key] = np.ascontiguousarray(t.detach().cpu().numpy())
         specs.append(TensorSpec(key, prog.buffers[name].dtype, tuple(int(s) for s in t.shape)))
@@ -51,7 +51,7 @@ def _weights_bytes(st) -> tuple[bytes, list[TensorSpec]]:
 
 def _spec(prog, low, name) -> TensorSpec:
     buf = prog.buffers[name]
-    return TensorSpec(low.weight_keys[name], buf.dtype, tuple(to_expr(s) for s in buf.shape))
+    return TensorSpec(low.public_names[name], buf.dtype, tuple(to_expr(s) for s in buf.shape))
 
 
 def package(st, model_name: str, embed_onnx: bool = False) -> Package:
