@@ -119,6 +119,14 @@ class Eager:
     def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
         return _torch_cold(bm, ctx, inputs_npz, "run = m")
 
+    def activation_peak(self, built, bm, ctx, batch: int) -> int | None:
+        """Measured: the most bytes the forward's own tensors hold at once (CPU only)."""
+        from .memory import eager_activation_peak
+
+        if ctx.device != "cpu":
+            return None
+        return eager_activation_peak(built.extra["module"], to_device(bm.inputs(batch), ctx))
+
 
 class Compile:
     """torch.compile; the build time is the first call's (compilation happens there)."""
@@ -260,6 +268,16 @@ class Tcpkg:
 
         model = L.load(built.artifact, device=ctx.device, num_threads=ctx.threads)
         return lambda *xs: model(*xs)
+
+    def activation_peak(self, built, bm, ctx, batch: int) -> int | None:
+        """Planned: the manifest's peak (workspace + outputs) at this batch's symbol values."""
+        from tcexport.formats.expr import evaluate
+        from tcexport.loader.archive import open_archive
+        from tcexport.loader.guards import GuardPlan
+
+        manifest = open_archive(built.artifact).manifest
+        env = GuardPlan(manifest).check([x.numpy() for x in bm.inputs(batch)])
+        return evaluate(manifest.plan["peak_bytes"], env) if "peak_bytes" in manifest.plan else None
 
     def cold_start_code(self, built, bm, ctx, inputs_npz) -> str:
         return COLD_PRELUDE + f"""

@@ -25,7 +25,7 @@ def markdown(result: dict) -> str:
         head = ["backend", "build s", "size MB", "cold start s", "peak RSS MB"]
         if result["device"] == "cuda":
             head.append("peak GPU MB")
-        head += [f"batch {b}" for b in batches] + ["max abs diff vs fp64"]
+        head += [f"batch {b}" for b in batches] + ["max abs diff vs fp64", f"activation peak KB (batch {max(batches)})"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, row in model["backends"].items():
             if "error" in row and not row.get("latency"):
@@ -42,8 +42,10 @@ def markdown(result: dict) -> str:
             cells += [_fmt_ms(row.get("latency", {}).get(b) or row.get("latency", {}).get(str(b))) for b in batches]
             diff = row.get("max_abs_diff_vs_fp64")
             cells.append(f"{diff:.2e}" if diff is not None else "—")
+            peak = row.get("activation_peak_bytes")
+            cells.append(f"{peak / 1024:.0f}" if peak else "—")
             if row.get("error"):
-                cells[-1] += f" (error: {row['error']})"
+                cells[-2] += f" (error: {row['error']})"
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

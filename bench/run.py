@@ -136,6 +136,8 @@ def bench_backend(backend, bm, ctx: Context, batches, ref, cold_runs: int) -> di
             diffs.append(float(np.max(np.abs(y - ref[b]))))
             row["latency"][b] = time_calls(fn, xs, ctx.device)
         row["max_abs_diff_vs_fp64"] = max(diffs)
+        if hasattr(backend, "activation_peak"):
+            row["activation_peak_bytes"] = backend.activation_peak(built, bm, ctx, max(batches))
         stage = "cold start"
         npz = ctx.workdir / f"{bm.name}-inputs-{max(batches)}.npz"
         np.savez(npz, **{f"x{k}": x.numpy() for k, x in enumerate(bm.inputs(max(batches)))})

@@ -54,6 +54,15 @@ def _spec(prog, low, name) -> TensorSpec:
     return TensorSpec(low.public_names[name], buf.dtype, tuple(to_expr(s) for s in buf.shape))
 
 
+def _peak_bytes(st):
+    """Memory a call needs beyond inputs and weights: the planned workspace plus the outputs it returns."""
+    from tcexport.exporter.plan import ITEMSIZE
+
+    prog = st.program
+    outputs = sum((prog.buffers[n].numel() * ITEMSIZE[prog.buffers[n].dtype] for n in prog.outputs), 0)
+    return st.memory.workspace_bytes + outputs
+
+
 def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     from tcexport.exporter.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
 
@@ -89,7 +98,8 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         kernels=tuple(bundles),
         workspace_bytes=to_expr(st.memory.workspace_bytes),
         plan={"kernels": [k.name for k in st.kernels],
-              "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes)},
+              "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes),
+              "peak_bytes": to_expr(_peak_bytes(st))},
         sources=(CPP_SOURCE, KERNELS_TEXT),
         onnx=onnx,
     )
