@@ -208,6 +208,16 @@ def native_isa_only():
                              real(source, (best,), cache_dir))
 
 
+def _split_or_record(cases, tag: str, stage: str, error: Exception) -> None:
+    """A failing batch is halved until the failing sample stands alone; its outcome then records the error."""
+    if len(cases) > 1:
+        half = _split_point(cases)
+        run_batch(cases[:half], tag + "a")
+        run_batch(cases[half:], tag + "b")
+        return
+    cases[0].outcome = f"{stage}: {type(error).__name__}: {_first_lines(str(error))}"
+
+
 def run_batch(cases: list[Case], tag: str) -> None:
     """Export, package, load and run ``cases`` as one module; on an export failure, split and retry."""
     from tcexport.exporter.pipeline import export
@@ -222,23 +232,11 @@ def run_batch(cases: list[Case], tag: str) -> None:
         pkg.save(path)
         model = L.load(path)
     except Exception as e:
-        if len(cases) > 1:
-            half = _split_point(cases)
-            run_batch(cases[:half], tag + "a")
-            run_batch(cases[half:], tag + "b")
-            return
-        cases[0].outcome = f"export: {type(e).__name__}: {_first_lines(str(e))}"
-        return
+        return _split_or_record(cases, tag, "export", e)
     try:
         got = model(*[t.numpy() for t in module.inputs])
     except Exception as e:
-        if len(cases) > 1:
-            half = _split_point(cases)
-            run_batch(cases[:half], tag + "a")
-            run_batch(cases[half:], tag + "b")
-            return
-        cases[0].outcome = f"run: {type(e).__name__}: {_first_lines(str(e))}"
-        return
+        return _split_or_record(cases, tag, "run", e)
     got = list(got) if isinstance(got, tuple) else [got]
     pos = 0
     for c in cases:
