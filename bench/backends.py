@@ -195,7 +195,7 @@ class OnnxRuntime:
     name = "onnxruntime"
 
     def build(self, bm, ctx) -> Built:
-        from tcexport.exporter.dynamic import SymbolSpec
+        from tcexport.exporter.dynamic import SymbolSpec, to_torch_dynamic_shapes
         from tcexport.exporter.model_file import ModelSpec, forward_input_names
         from tcexport.exporter.onnx_export import export_onnx_bytes, write_onnx
 
@@ -207,7 +207,8 @@ class OnnxRuntime:
         symbols = {s: SymbolSpec(s, lo, hi) for spec in bm.dynamic_shapes.values() for s, lo, hi in spec.values()}
         places = {n: {d: s for d, (s, _, _) in spec.items()} for n, spec in bm.dynamic_shapes.items()}
         t0 = time.perf_counter()
-        data, _ = export_onnx_bytes(ModelSpec(Path(bm.name), m, xs, names, None), symbols, places)
+        shapes = to_torch_dynamic_shapes(names, xs, symbols, places)
+        data, _ = export_onnx_bytes(ModelSpec(Path(bm.name), m, xs, names, None), shapes)
         path = write_onnx(data, ctx.workdir / f"{bm.name}.onnx")
         return Built(time.perf_counter() - t0, path.stat().st_size, path, extra={"names": names})
 

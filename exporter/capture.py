@@ -37,6 +37,7 @@ class Captured:
     model_file: str | None
     guards: list = field(default_factory=list)  # relations.Guard: what the loader checks beyond ranges and dims
     notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
+    dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
 
 
 def decomposition_table():
@@ -62,28 +63,29 @@ def capture(spec: ModelSpec, cli_dynamic: list[str]) -> Captured:
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
-    ep = _export_accepting_fixes(spec, symbols, places, accepted)
+    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename)
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
-    return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes)
+    return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes)
 
 
 MAX_FIX_ROUNDS = 4
 
 
-def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted) -> torch.export.ExportedProgram:
+def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
     """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
-    divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again."""
+    divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again.
+    Returns the decomposed program and the dynamic_shapes that worked (the ONNX export reuses them)."""
     for round_ in range(MAX_FIX_ROUNDS):
         shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
                                                  accepted.rewrites)
         try:
             with torch.no_grad():
                 ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-                return ep.run_decompositions(decomposition_table())
+                return ep.run_decompositions(decomposition_table()), shapes
         except Exception as e:  # torch's own message explains the constraint or the unsupported construct
             error = e
             if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:

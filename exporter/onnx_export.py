@@ -15,7 +15,6 @@ import torch
 
 from tcexport.formats.files import write_atomically
 
-from . import dynamic
 from .errors import ExportError
 from .model_file import ModelSpec
 
@@ -24,15 +23,15 @@ class OnnxExportError(ExportError):
     exit_code = 16
 
 
-def export_onnx_bytes(spec: ModelSpec, symbols: dict, places: dict) -> tuple[bytes, int]:
-    """The model as ONNX bytes and its default-domain opset."""
+def export_onnx_bytes(spec: ModelSpec, shapes: dict | None) -> tuple[bytes, int]:
+    """The model as ONNX bytes and its default-domain opset; ``shapes`` are torch.export dynamic_shapes (the ones
+    capture succeeded with, so fixes it accepted, such as ``seq = 4*_seq``, hold here too)."""
     try:
         import onnx
     except ImportError as e:
         raise OnnxExportError("--onnx needs the `onnx` and `onnxscript` packages: pip install 'tcexport[export]'") from e
     # torch.onnx logs a warning per missing torchvision op; none of them concern the user's model
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places)
     try:
         with torch.no_grad():
             program = torch.onnx.export(spec.module, spec.example_inputs, dynamo=True, dynamic_shapes=shapes,

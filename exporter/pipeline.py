@@ -13,7 +13,6 @@ from typing import Callable
 import torch
 
 from . import build as build_mod
-from . import dynamic
 from . import capture as capture_mod
 from . import codegen_cpp, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
 from .errors import ExportError
@@ -94,9 +93,7 @@ STAGES: list[tuple[str, Callable[[State], str], str]] = [
 def stage_onnx(st: State) -> str:
     from .onnx_export import export_onnx_bytes
 
-    symbols, places = dynamic.resolve(st.spec.input_names, st.spec.example_inputs, st.spec.dynamic_shapes,
-                                      st.dynamic)
-    st.onnx = export_onnx_bytes(st.spec, symbols, places)
+    st.onnx = export_onnx_bytes(st.spec, st.captured.dynamic_shapes)
     return f"ONNX opset {st.onnx[1]}, {len(st.onnx[0])} bytes"
 
 

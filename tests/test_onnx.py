@@ -56,3 +56,21 @@ def test_onnx_embed_is_recorded_and_deterministic(tmp_path):
     import onnx
 
     onnx.checker.check_model(onnx.load_from_string(archive.read("model.onnx")))
+
+
+def test_onnx_keeps_the_fixes_capture_accepted(tmp_path):
+    """A model that needs seq % 4 == 0: capture accepts torch's fix, and the ONNX export must use it too."""
+    out = tmp_path / "d.tcpkg"
+    r = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(MODELS / "dyn_divisible.py"), "-o",
+                        str(out), "--onnx", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    session = ort.InferenceSession(json.loads(r.stdout)["onnx"], providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    module = load_module(MODELS / "dyn_divisible.py")
+    example = module.example_inputs()[0]
+    for seq in (8, 12):
+        x = np.random.default_rng(seq).standard_normal((2, seq, example.shape[2]), dtype=np.float32)
+        with torch.no_grad():
+            want = module.model().eval()(torch.from_numpy(x))
+        want = want[0] if isinstance(want, tuple) else want
+        np.testing.assert_allclose(session.run(None, {name: x})[0], want.numpy(), atol=2e-5, rtol=1e-4)
