@@ -82,6 +82,18 @@ print(json.dumps({"seconds": seconds, "peak_rss_mb": rss, "peak_device_mb": dev}
 """
 
 
+def _torch_inputs(ctx: Context, inputs_npz: Path) -> str:
+    """Cold-start source that loads the saved inputs as tensors on the device, in the benchmark's dtype."""
+    return f"""data = np.load({str(inputs_npz)!r})
+xs = [torch.from_numpy(data[k]).to({ctx.device!r}) for k in sorted(data.files)]
+xs = [x.to({ctx.dtype}) if x.is_floating_point() else x for x in xs]
+"""
+
+
+def _torch_sync(ctx: Context) -> str:
+    return "torch.cuda.synchronize()\n" if ctx.device == "cuda" else ""
+
+
 def _torch_cold(bm: BenchModel, ctx: Context, inputs_npz: Path, make: str) -> str:
     return COLD_PRELUDE + f"""
 import torch, numpy as np
@@ -93,15 +105,10 @@ bm = get({bm.name!r})
 m = bm.build()
 m.load_state_dict(load_file({str(_weights_file(bm, ctx))!r}), strict=False)
 m = m.to(device={ctx.device!r}, dtype={ctx.dtype})
-data = np.load({str(inputs_npz)!r})
-xs = [torch.from_numpy(data[k]).to({ctx.device!r}) for k in sorted(data.files)]
-xs = [x.to({ctx.dtype}) if x.is_floating_point() else x for x in xs]
-{make}
+""" + _torch_inputs(ctx, inputs_npz) + f"""{make}
 with torch.no_grad():
     y = run(*xs)
-if {ctx.device!r} == "cuda":
-    torch.cuda.synchronize()
-""" + COLD_EPILOGUE
+""" + _torch_sync(ctx) + COLD_EPILOGUE
 
 
 class Eager:
@@ -180,13 +187,7 @@ class AOTInductor:
 import torch, numpy as np
 torch.set_num_threads({ctx.threads})
 run = torch._inductor.aoti_load_package({str(built.artifact)!r})
-data = np.load({str(inputs_npz)!r})
-xs = [torch.from_numpy(data[k]).to({ctx.device!r}) for k in sorted(data.files)]
-xs = [x.to({ctx.dtype}) if x.is_floating_point() else x for x in xs]
-y = run(*xs)
-if {ctx.device!r} == "cuda":
-    torch.cuda.synchronize()
-""" + COLD_EPILOGUE
+""" + _torch_inputs(ctx, inputs_npz) + "y = run(*xs)\n" + _torch_sync(ctx) + COLD_EPILOGUE
 
 
 class OnnxRuntime:

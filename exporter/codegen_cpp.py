@@ -53,9 +53,7 @@ FLOAT_OPS = {"floordiv": "std::floor({a} / {b})", "remainder": "tc_fpymod({a}, {
 REDUCE_INIT = {"sum": "0", "prod": "1", "max": "-std::numeric_limits<{T}>::infinity()",
                "min": "std::numeric_limits<{T}>::infinity()"}
 REDUCE_INIT_INT = {"max": "std::numeric_limits<{T}>::lowest()", "min": "std::numeric_limits<{T}>::max()"}
-REDUCE_STEP = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",
-               "max": "{acc} = ({v} > {acc} || {v} != {v}) ? {v} : {acc};",
-               "min": "{acc} = ({v} < {acc} || {v} != {v}) ? {v} : {acc};",
+REDUCE_STEP = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",  # max/min: see reduce_step
                # arg reductions keep the extreme value in {acc}_v and its flat position {idx} in {acc}; the
                # first extreme wins, and a NaN is the extreme (as in PyTorch)
                "argmax": "if ({acc}_v == {acc}_v && ({v} > {acc}_v || {v} != {v})) {{ {acc}_v = {v}; {acc} = {idx}; }}",

@@ -160,10 +160,6 @@ def absorb_epilogues(prog: ir.Program) -> None:
             break
 
 
-def _rename(v: ir.Value, old: str, new: str) -> ir.Value:
-    return ir.rename_buffer(v, old, new)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # pass 2: inlining
 
