@@ -2,6 +2,8 @@
 
 Composite ops (softmax, layer_norm, gelu, ...) are decomposed on purpose: fusion rebuilds them as single kernels
 from their parts, so one generic mechanism covers every such op instead of one hand-written kernel each.
+Then graph rewrites that are exact at export time run on the decomposed program (``fold_batchnorm``: an eval
+batch norm after a convolution becomes part of the convolution's weight and bias).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch._decomp import get_decompositions
 
 from . import dynamic, relations
 from .errors import CaptureError, SpecializedDimError
+from .fold_batchnorm import fold_batchnorm
 from .model_file import ModelSpec
 
 aten = torch.ops.aten
@@ -38,6 +41,7 @@ class Captured:
     guards: list = field(default_factory=list)  # relations.Guard: what the loader checks beyond ranges and dims
     notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
+    folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
 
 
 def decomposition_table():
@@ -64,12 +68,14 @@ def capture(spec: ModelSpec, cli_dynamic: list[str]) -> Captured:
     accepted = relations.Accepted()
     declared = dict(symbols)
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
+    folded = fold_batchnorm(ep)
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename)
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
-    return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes)
+    return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
+                    folded)
 
 
 MAX_FIX_ROUNDS = 4

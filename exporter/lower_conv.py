@@ -4,7 +4,9 @@ Convolution and pooling are reductions over a window: out[n, c, o...] accumulate
 the input at o*stride - padding + k*dilation. Positions that fall in the padding read a fill value (0 for a sum,
 -inf for a max) through a bounds check on the index, and the load itself is clamped so it never leaves the buffer.
 Bias, batch norm (a per-channel scale and shift computed once per call) and activations are pointwise nodes over
-the output, which fusion runs in the convolution's own kernel, right after each output's reduction.
+the output, which fusion runs in the convolution's own kernel, right after each output's reduction. A batch norm
+whose input is a convolution's only use never gets here: capture folds it into the convolution's weight and bias
+(``fold_batchnorm``); the rule below covers the rest (after a pooling, a sum, a user input...).
 """
 
 from __future__ import annotations

@@ -38,9 +38,12 @@ def test_signature(model):
     assert [(s.name, s.min, s.max) for s in model.manifest.symbols] == [("batch", 1, 64)]
 
 
-def test_batch_norm_and_relu_fuse_away(model):
-    """Bias, batch norm and ReLU leave no kernel of their own over the activations: they run inside the
-    kernel that reads the convolution's output (the pooling)."""
+def test_batch_norm_folds_and_relu_fuses_away(model):
+    """Batch norm is folded into each conv's weight and bias at export; bias and ReLU leave no kernel of their own
+    over the activations: they run inside the kernel that reads the convolution's output (the pooling)."""
     names = model.manifest.plan["kernels"]
-    assert len(names) == 7, names  # conv, scale/shift, conv+max pool, conv, scale/shift, conv+avg pool, linear
-    assert sum("pointwise" in n for n in names) == 2, names  # only the per-channel scale/shift (C elements)
+    assert len(names) == 5, names  # conv, conv+max pool, conv, conv+avg pool, linear
+    assert not any("pointwise" in n for n in names), names  # no per-channel scale/shift kernel left
+    weights = {w.name for w in model.manifest.weights}
+    assert weights == {"conv1.weight.bn_folded", "conv1.bias.bn_folded", "conv2.weight.bn_folded",
+                       "conv2.bias.bn_folded", "head.weight", "head.bias"}, weights
