@@ -34,7 +34,8 @@ def export(
     dynamic: List[str] = typer.Option([], "--dynamic", "-d", help="dynamic dims: batch, batch=1:512, "
                                       "seq=1:2048@ids.1,mask.1, derived 2*seq@pairs.1 (repeatable)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="archive path (default MODEL.tcpkg)"),
-    target: str = typer.Option("cpu", "--target", help="comma-separated targets (cpu)"),
+    target: str = typer.Option("cpu", "--target", help="targets: cpu, cuda:sm_XX, or a list such as "
+                               "cpu,cuda:sm_80,sm_90 (CUDA cubins build without a GPU)"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary on stdout"),
     dump: Optional[Path] = typer.Option(None, "--dump", help="write every stage's output into this folder"),
     verify: bool = typer.Option(False, "--verify", help="after export, run the package torch-free and "

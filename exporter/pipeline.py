@@ -1,6 +1,8 @@
 """The pipeline as a visible list of named stages; each can be dumped for debugging (``--dump DIR``).
 
-    capture → lower → fuse → plan → codegen → build → package
+    capture → lower → fuse → plan → codegen (C++ / Triton) → build (.so / cubins) → package
+
+A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import torch
 
 from . import build as build_mod
 from . import capture as capture_mod
-from . import codegen_cpp, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
+from . import codegen_cpp, codegen_triton, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
 from .errors import ExportError
 from .model_file import ModelSpec, forward_input_names
 
-SUPPORTED_TARGETS = ("cpu",)
+TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
 
 
 @dataclass
@@ -37,6 +39,8 @@ class State:
     blas: list = field(default_factory=list)
     cpp: str = ""
     libraries: dict = field(default_factory=dict)
+    triton: object = None                             # codegen_triton.TritonModule
+    cubins: dict = field(default_factory=dict)        # arch -> [build_cuda.Cubin] in launch order
     timings: dict = field(default_factory=dict)
     output_is_single: bool = True
     onnx: tuple | None = None  # (bytes, opset) when --onnx asked for it
@@ -80,13 +84,41 @@ def stage_build(st: State) -> str:
     return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in st.libraries.items())
 
 
-STAGES: list[tuple[str, Callable[[State], str], str]] = [
-    ("capture", stage_capture, "graph.txt"),
-    ("lower", stage_lower, "ir.txt"),
-    ("fuse", stage_fuse, "kernels.txt"),
-    ("plan", stage_plan, "plan.txt"),
-    ("codegen", stage_codegen, "model.cpp"),
-    ("build", stage_build, "build.txt"),
+def stage_codegen_triton(st: State) -> str:
+    st.triton = codegen_triton.generate(st.program, st.kernels)
+    return st.triton.source
+
+
+def stage_build_cuda(st: State) -> str:
+    from . import build_cuda
+
+    st.cubins = build_cuda.build_cubins(st.triton, cuda_archs(st.targets),
+                                        st.cache_dir or build_mod.default_cache_dir())
+    lines = [launch.describe() for launch in st.triton.launches]
+    for arch, cubins in st.cubins.items():
+        lines += [f"sm_{arch} {c.kernel}: {len(c.data)} bytes, shared {c.shared}, warps {c.num_warps}"
+                  for c in cubins]
+    return "\n".join(lines)
+
+
+def _cpu(st: State) -> bool:
+    return "cpu" in st.targets
+
+
+def _cuda(st: State) -> bool:
+    return bool(cuda_archs(st.targets))
+
+
+# (name, stage, dump file, runs when)
+STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] = [
+    ("capture", stage_capture, "graph.txt", lambda st: True),
+    ("lower", stage_lower, "ir.txt", lambda st: True),
+    ("fuse", stage_fuse, "kernels.txt", lambda st: True),
+    ("plan", stage_plan, "plan.txt", lambda st: True),
+    ("codegen", stage_codegen, "model.cpp", _cpu),
+    ("build", stage_build, "build.txt", _cpu),
+    ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
+    ("build_cuda", stage_build_cuda, "build_cuda.txt", _cuda),
 ]
 
 
@@ -101,7 +133,9 @@ def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, flo
                onnx: bool = False) -> State:
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
-    for name, fn, dump_name in STAGES + ([("onnx", stage_onnx, "onnx.txt")] if onnx else []):
+    for name, fn, dump_name, when in STAGES + ([("onnx", stage_onnx, "onnx.txt", lambda st: True)] if onnx else []):
+        if not when(st):
+            continue
         t0 = time.perf_counter()
         text = fn(st)
         st.timings[name] = time.perf_counter() - t0
@@ -113,13 +147,32 @@ def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, flo
 
 
 def parse_targets(targets) -> tuple:
+    """``"cpu,cuda:sm_80,sm_90"`` (or a list of such strings) → ("cpu", "cuda:sm_80", "cuda:sm_90"); a bare
+    ``sm_XX`` continues the cuda list before it."""
     if isinstance(targets, str):
-        targets = [t for t in targets.split(",") if t]
-    out = tuple(t.strip() for t in targets)
-    for t in out:
-        if t not in SUPPORTED_TARGETS:
-            raise ExportError(f"target {t!r} is not supported yet; supported targets: {', '.join(SUPPORTED_TARGETS)}")
-    return out
+        targets = [targets]
+    out: list[str] = []
+    in_cuda = False
+    for part in (p.strip() for t in targets for p in t.split(",")):
+        if not part:
+            continue
+        if part.startswith("cuda:"):
+            in_cuda, part = True, part[5:]
+        if part == "cpu":
+            in_cuda = False
+            out.append("cpu")
+        elif in_cuda and part.startswith("sm_") and part[3:].isdigit() and int(part[3:]) >= 70:
+            out.append(f"cuda:{part}")
+        else:
+            raise ExportError(f"target {part!r} is not supported; targets are {TARGET_HELP} "
+                              "(CUDA archs sm_70 and newer)")
+    if not out:
+        raise ExportError(f"no target given; targets are {TARGET_HELP}")
+    return tuple(dict.fromkeys(out))
+
+
+def cuda_archs(targets) -> list[int]:
+    return [int(t.split("_")[1]) for t in targets if t.startswith("cuda:")]
 
 
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,

@@ -15,9 +15,11 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
+CUDA_ABI_VERSION = 1
+PARAM_KINDS = ("input", "weight", "output", "temp", "symbol", "error")
 
 DTYPES = {  # name -> itemsize in bytes
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -52,8 +54,17 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class Cubin:
+    kernel: str           # the launch (cuda.launches[].name) this binary runs
+    file: str             # archive member holding the cubin
+    function: str         # the entry symbol inside it
+    shared: int           # dynamic shared memory bytes to request at launch
+    num_warps: int
+
+
+@dataclass(frozen=True)
 class KernelBundle:
-    target: str           # "cpu" (later: "cuda:sm_90")
+    target: str           # "cpu" or "cuda:sm_XX"
     isa: str              # e.g. "x86-64-v3"; the loader picks the first whose `requires` this CPU has
     requires: tuple       # CPU feature flags as /proc/cpuinfo spells them
     file: str             # archive member holding the shared library
@@ -61,6 +72,28 @@ class KernelBundle:
     entry: str
     libraries: tuple      # shared libraries the code needs at load time, e.g. "libgomp.so.1"
     blas: tuple           # BLAS routines the loader must pass in, e.g. "sgemm"
+    cubins: tuple = ()    # CUDA bundles: one Cubin per launch, in launch order
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One CUDA kernel launch: its parameters in argument order, each {"kind": ..., "value": ...} (an input,
+    weight or output index; a temp's byte offset in the arena, an expression; a symbol name; the error word),
+    and its grid as three expressions."""
+
+    name: str
+    params: tuple
+    grid: tuple
+    block: dict           # the constexpr block sizes it was compiled with (informational)
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    triton: str           # the Triton version that generated the cubins
+    index_bits: int
+    launches: tuple
 
 
 @dataclass(frozen=True)
@@ -81,6 +114,7 @@ class Manifest:
     sources: tuple
     members: dict = field(default_factory=dict)  # path -> {"sha256": hex, "size": int}
     onnx: dict | None = None  # optional: {"file": member, "opset": int}, the same model as ONNX
+    cuda: CudaPlan | None = None  # present when the package has CUDA bundles
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
@@ -103,6 +137,7 @@ class Manifest:
             "sources": list(self.sources),
             "members": {k: dict(v) for k, v in sorted(self.members.items())},
             **({"onnx": dict(self.onnx)} if self.onnx is not None else {}),
+            **({"cuda": _cuda_json(self.cuda)} if self.cuda is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -116,7 +151,17 @@ def _spec_json(s: TensorSpec) -> dict:
 
 def _bundle_json(k: KernelBundle) -> dict:
     d = asdict(k)
-    return {key: list(v) if isinstance(v, tuple) else v for key, v in d.items()}
+    out = {key: list(v) if isinstance(v, tuple) else v for key, v in d.items()}
+    if not k.cubins:
+        del out["cubins"]
+    return out
+
+
+def _cuda_json(c: CudaPlan) -> dict:
+    return {"triton": c.triton, "index_bits": c.index_bits,
+            "launches": [{"name": l.name, "params": [dict(p) for p in l.params], "grid": list(l.grid),
+                          "block": dict(l.block), "num_warps": l.num_warps, "num_stages": l.num_stages}
+                         for l in c.launches]}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -215,7 +260,14 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
             target=_need(k, "target", str, where), isa=_need(k, "isa", str, where),
             requires=tuple(_need(k, "requires", list, where)), file=_need(k, "file", str, where),
             abi=_need(k, "abi", int, where), entry=_need(k, "entry", str, where),
-            libraries=tuple(_need(k, "libraries", list, where)), blas=tuple(_need(k, "blas", list, where))))
+            libraries=tuple(_need(k, "libraries", list, where)), blas=tuple(_need(k, "blas", list, where)),
+            cubins=tuple(_parse_cubin(c, f"{where}.cubins[{j}]") for j, c in enumerate(k.get("cubins", [])))))
+    cuda = _parse_cuda(d["cuda"], names, len(inputs), len(weights), len(outputs)) if "cuda" in d else None
+    for i, k in enumerate(kernels):
+        if k.target.startswith("cuda:"):
+            if cuda is None or [c.kernel for c in k.cubins] != [l.name for l in cuda.launches]:
+                raise FormatError(f"manifest: kernels[{i}] ({k.target}) should have one cubin per cuda.launches "
+                                  "entry, in the same order")
 
     plan = dict(_need(d, "plan", dict, "manifest"))
     workspace = plan.pop("workspace_bytes", 0)
@@ -232,6 +284,7 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
                              or not isinstance(onnx.get("opset"), int)):
         raise FormatError(f"manifest: onnx should be {{'file': member, 'opset': int}}, found {onnx!r:.80}")
     referenced = [w.get("file")] + [k.file for k in kernels] + list(d.get("sources", []))
+    referenced += [c.file for k in kernels for c in k.cubins]
     referenced += [onnx["file"]] if onnx is not None else []
     for ref in referenced:
         if ref not in members:
@@ -243,4 +296,53 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
         output_structure=structure, guards=tuple(guards), weights_file=_need(w, "file", str, "weights"),
         weights=weights, kernels=tuple(kernels), workspace_bytes=workspace, plan=plan,
         sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members),
-        onnx=dict(onnx) if onnx is not None else None)
+        onnx=dict(onnx) if onnx is not None else None, cuda=cuda)
+
+
+def _parse_cubin(c: Any, where: str) -> Cubin:
+    if not isinstance(c, dict):
+        raise FormatError(f"manifest: {where} should be an object")
+    return Cubin(kernel=_need(c, "kernel", str, where), file=_need(c, "file", str, where),
+                 function=_need(c, "function", str, where), shared=_need(c, "shared", int, where),
+                 num_warps=_need(c, "num_warps", int, where))
+
+
+def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: int) -> CudaPlan:
+    if not isinstance(c, dict):
+        raise FormatError("manifest: cuda should be an object")
+    launches = []
+    counts = {"input": n_inputs, "weight": n_weights, "output": n_outputs}
+    for i, l in enumerate(_need(c, "launches", list, "cuda")):
+        where = f"cuda.launches[{i}]"
+        if not isinstance(l, dict):
+            raise FormatError(f"manifest: {where} should be an object")
+        params = []
+        for j, p in enumerate(_need(l, "params", list, where)):
+            pw = f"{where}.params[{j}]"
+            if not isinstance(p, dict) or p.get("kind") not in PARAM_KINDS:
+                raise FormatError(f"manifest: {pw} should be {{'kind': one of {PARAM_KINDS}, 'value': ...}}, "
+                                  f"found {p!r:.80}")
+            kind, value = p["kind"], p.get("value")
+            if kind in counts and (not isinstance(value, int) or isinstance(value, bool)
+                                   or not 0 <= value < counts[kind]):
+                raise FormatError(f"manifest: {pw} refers to {kind} {value!r}; the package has {counts[kind]}")
+            if kind == "symbol" and value not in symbols:
+                raise FormatError(f"manifest: {pw} names symbol {value!r}, which is not declared")
+            param = {"kind": kind, "value": value}
+            if kind == "temp":
+                ex.validate(value, symbols, f"manifest: {pw}.value")
+                if p.get("dtype") not in DTYPES:
+                    raise FormatError(f"manifest: {pw} (a temp) needs a dtype, one of {sorted(DTYPES)}")
+                param["dtype"] = p["dtype"]
+            params.append(param)
+        grid = _need(l, "grid", list, where)
+        if len(grid) != 3:
+            raise FormatError(f"manifest: {where}.grid should have 3 expressions, found {len(grid)}")
+        for g in grid:
+            ex.validate(g, symbols, f"manifest: {where}.grid")
+        launches.append(Launch(name=_need(l, "name", str, where), params=tuple(params), grid=tuple(grid),
+                               block=dict(_need(l, "block", dict, where)),
+                               num_warps=_need(l, "num_warps", int, where),
+                               num_stages=_need(l, "num_stages", int, where)))
+    return CudaPlan(triton=_need(c, "triton", str, "cuda"), index_bits=_need(c, "index_bits", int, "cuda"),
+                    launches=tuple(launches))

@@ -11,8 +11,8 @@ import safetensors.numpy
 import torch
 
 from tcexport.formats import expr as ex
-from tcexport.formats.manifest import (CPU_ABI_VERSION, FORMAT_VERSION, Guard, KernelBundle, Manifest, Symbol,
-                                       TensorSpec)
+from tcexport.formats.manifest import (CPU_ABI_VERSION, CUDA_ABI_VERSION, FORMAT_VERSION, Cubin, CudaPlan, Guard,
+                                       KernelBundle, Launch, Manifest, Symbol, TensorSpec)
 
 from .archive import write_archive
 from .exprs import to_expr
@@ -20,6 +20,7 @@ from .exprs import to_expr
 TCEXPORT_VERSION = "0.1.0"
 WEIGHTS_FILE = "weights.safetensors"
 CPP_SOURCE = "src/cpu/model.cpp"
+TRITON_SOURCE = "src/cuda/model_triton.py"
 KERNELS_TEXT = "src/kernels.txt"
 ONNX_FILE = "model.onnx"
 
@@ -44,9 +45,19 @@ def _weights_bytes(st) -> tuple[bytes, list[TensorSpec]]:
     for name in prog.weights:
         key = low.public_names[name]
         t = low.weight_values[name]
-        arrays[key] = np.ascontiguousarray(t.detach().cpu().numpy())
+        arrays[key] = _weight_array(t)
         specs.append(TensorSpec(key, prog.buffers[name].dtype, tuple(int(s) for s in t.shape)))
     return safetensors.numpy.save(arrays) if arrays else safetensors.numpy.save({}), specs
+
+
+def _weight_array(t: torch.Tensor) -> np.ndarray:
+    """A weight as a contiguous numpy array for safetensors. numpy has no bfloat16: its bits go in as
+    ml_dtypes.bfloat16 (installed with onnx, an export dependency), which safetensors labels BF16."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        return np.ascontiguousarray(t.view(torch.uint16).numpy()).view(ml_dtypes.bfloat16)
+    return np.ascontiguousarray(t.numpy())
 
 
 def _spec(prog, low, name) -> TensorSpec:
@@ -68,8 +79,11 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
 
     prog, low = st.program, st.lowering
     weights, weight_specs = _weights_bytes(st)
-    members = {WEIGHTS_FILE: weights, CPP_SOURCE: st.cpp.encode(),
-               KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
+    members = {WEIGHTS_FILE: weights, KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
+    sources = [KERNELS_TEXT]
+    if st.cpp:
+        members[CPP_SOURCE] = st.cpp.encode()
+        sources.insert(0, CPP_SOURCE)
     bundles = []
     for isa in ISA_LEVELS:
         if isa.name not in st.libraries:
@@ -79,6 +93,12 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         bundles.append(KernelBundle(target="cpu", isa=isa.name, requires=tuple(isa.requires), file=path,
                                     abi=CPU_ABI_VERSION, entry="tc_run", libraries=tuple(LIBRARIES),
                                     blas=tuple(st.blas)))
+    cuda = None
+    if st.triton is not None:
+        members[TRITON_SOURCE] = st.triton.source.encode()
+        sources.append(TRITON_SOURCE)
+        cuda, cuda_bundles = _cuda(st, members)
+        bundles = cuda_bundles + bundles
     onnx = None
     if embed_onnx and st.onnx is not None:
         members[ONNX_FILE] = st.onnx[0]
@@ -86,7 +106,8 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
-                  "python": platform.python_version(), "cxx": compiler_version(compiler())},
+                  "python": platform.python_version(),
+                  **({"cxx": compiler_version(compiler())} if st.cpp else {})},
         model=model_name,
         symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog, low, n) for n in prog.inputs),
@@ -100,11 +121,46 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         plan={"kernels": [k.name for k in st.kernels],
               "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(st))},
-        sources=(CPP_SOURCE, KERNELS_TEXT),
+        sources=tuple(sources),
         onnx=onnx,
+        cuda=cuda,
     )
     return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
                    tuple(st.captured.notes))
+
+
+def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
+    """The launch list (shared by every arch) and one bundle of cubins per arch."""
+    from tcexport.exporter.build_cuda import triton_version
+
+    prog = st.program
+    where = {name: ("input", k) for k, name in enumerate(prog.inputs)}
+    where |= {name: ("weight", k) for k, name in enumerate(prog.weights)}
+    where |= {name: ("output", k) for k, name in enumerate(prog.outputs)}
+    launches = []
+    for launch in st.triton.launches:
+        params = []
+        for kind, value in launch.params:
+            param = {"kind": kind, "value": value if kind != "error" else 0}
+            if kind == "buffer":
+                kind, index = where.get(value) or ("temp", to_expr(st.memory.offsets[value]))
+                param = {"kind": kind, "value": index}
+                if kind == "temp":
+                    param["dtype"] = prog.buffers[value].dtype
+            params.append(param)
+        launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
+                               dict(launch.constexprs), launch.num_warps, launch.num_stages))
+    bundles = []
+    for arch, cubins in st.cubins.items():
+        files = []
+        for c in cubins:
+            path = f"kernels/cuda-sm_{arch}/{c.kernel}.cubin"
+            members[path] = c.data
+            files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps))
+        bundles.append(KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(),
+                                    file=TRITON_SOURCE, abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",),
+                                    blas=(), cubins=tuple(files)))
+    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches)), bundles
 
 
 def _guards(guards) -> tuple:

@@ -1,0 +1,137 @@
+"""Build for CUDA: the generated Triton module → one cubin per kernel per requested ``sm_XX``, on any machine.
+
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` needs no GPU. Pointer parameters are
+declared 16-byte aligned (the loader guarantees it: arena and weight offsets are 256-byte aligned and it
+copies a misaligned input), which lets Triton vectorise loads. Line info is off so no build path reaches the
+binary, and results are cached by content (source, kernel, arch, Triton version), like the C++ build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tcexport.formats.files import write_atomically
+
+from .codegen_triton import Launch, TritonModule
+from .errors import BuildError
+
+MODULE_NAME = "tcexport_kernels"
+
+
+@dataclass(frozen=True)
+class Cubin:
+    kernel: str
+    arch: int
+    data: bytes
+    function: str         # the entry's symbol name in the cubin
+    shared: int           # dynamic shared memory bytes the launch must request
+    num_warps: int
+    global_scratch: int   # bytes of global scratch per program (0 for every kernel tcexport generates today)
+    global_scratch_align: int
+
+
+def parse_arch(target: str) -> list[int]:
+    """``cuda:sm_80,sm_90`` (or ``cuda:sm_90``) → [80, 90]."""
+    _, _, rest = target.partition(":")
+    archs = []
+    for part in rest.split(","):
+        part = part.strip()
+        if not part.startswith("sm_") or not part[3:].isdigit():
+            raise BuildError(f"target {target!r}: {part!r} is not an arch like sm_90")
+        archs.append(int(part[3:]))
+    return archs
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def _load_module(source: str, folder: Path):
+    """Import the generated source from a real file: Triton reads a kernel's source through ``inspect``."""
+    path = folder / f"{MODULE_NAME}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(f"{MODULE_NAME}_{hashlib.sha256(source.encode()).hexdigest()[:12]}",
+                                                  path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _compile_one(module, launch: Launch, arch: int) -> Cubin:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(module, launch.name)
+    names = list(launch.signature)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in launch.signature.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature=dict(launch.signature), constexprs=dict(launch.constexprs), attrs=attrs)
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                           options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+    except Exception as e:  # noqa: BLE001 - Triton raises many types; all mean the same thing here
+        raise BuildError(f"Triton failed to compile kernel {launch.name} for sm_{arch} (a tcexport bug; please "
+                         f"report it with the generated source from --dump):\n{type(e).__name__}: {str(e)[-3000:]}") from e
+    md = k.metadata
+    return Cubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
+                 md.global_scratch_size, md.global_scratch_align)
+
+
+def _cache_key(source: str, launch: Launch, arch: int) -> str:
+    text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
+                       sorted(launch.constexprs.items())])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dict[int, list[Cubin]]:
+    """Every kernel for every arch, in launch order; cached by content."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+
+    cache = cache_dir / "cuda"
+    cache.mkdir(parents=True, exist_ok=True)
+    out: dict[int, list[Cubin]] = {}
+    todo = []
+    for arch in archs:
+        for launch in module.launches:
+            key = _cache_key(module.source, launch, arch)
+            meta, data = cache / f"{key}.json", cache / f"{key}.cubin"
+            if meta.is_file() and data.is_file():
+                m = json.loads(meta.read_text())
+                out.setdefault(arch, []).append(Cubin(launch.name, arch, data.read_bytes(), m["function"],
+                                                      m["shared"], m["num_warps"], m["global_scratch"],
+                                                      m["global_scratch_align"]))
+            else:
+                out.setdefault(arch, []).append(None)
+                todo.append((arch, len(out[arch]) - 1, launch, key))
+    if todo:
+        previous = triton.knobs.compilation.disable_line_info
+        triton.knobs.compilation.disable_line_info = True
+        try:
+            with tempfile.TemporaryDirectory(prefix="tcexport-triton-") as tmp:
+                mod = _load_module(module.source, Path(tmp))
+                with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+                    futures = [(arch, i, key, pool.submit(_compile_one, mod, launch, arch))
+                               for arch, i, launch, key in todo]
+                    for arch, i, key, f in futures:
+                        c = f.result()
+                        out[arch][i] = c
+                        write_atomically(cache / f"{key}.cubin", c.data)
+                        write_atomically(cache / f"{key}.json", json.dumps(
+                            {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
+                             "global_scratch": c.global_scratch,
+                             "global_scratch_align": c.global_scratch_align}).encode())
+        finally:
+            triton.knobs.compilation.disable_line_info = previous
+    return out

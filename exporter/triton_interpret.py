@@ -1,0 +1,158 @@
+"""Run a CUDA package's Triton kernels on the CPU, in Triton's interpreter (``TRITON_INTERPRET=1``).
+
+It follows the package exactly as the CUDA loader does: the generated source and the launch list from the
+manifest, guards and symbol binding from the loader, temps at their planned offsets in one workspace, grids
+evaluated from their expressions, the error word checked after the last kernel. Tests use it to check every
+generated kernel without a GPU; users can use it to debug a GPU package on a laptop (slowly).
+
+libdevice calls have no interpreter implementation, so while interpreting, the module's ``libdevice`` is
+replaced by numpy versions of the same functions; everything else is the source the cubins were built from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tcexport.formats import expr as ex
+from tcexport.formats.errors import RuntimeKernelError
+from tcexport.loader.archive import open_archive
+from tcexport.loader.guards import GuardPlan
+from tcexport.loader.weights import load_weights
+
+TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+         "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
+         "uint8": torch.uint8, "bool": torch.bool}
+
+
+class _NumpyLibdevice:
+    """The libdevice functions generated kernels call, over the interpreter's numpy-backed tensors."""
+
+    _UNARY = {"tanh": np.tanh, "tan": np.tan, "atan": np.arctan, "log1p": np.log1p, "expm1": np.expm1,
+              "trunc": np.trunc, "nearbyint": np.rint}
+    _BINARY = {"pow": np.power, "fmod": np.fmod, "atan2": np.arctan2}
+
+    def __getattr__(self, name):
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        def wrap(data, like):
+            data = np.asarray(data).astype(like.handle.data.dtype)
+            ty = like.type if data.shape == like.handle.data.shape else tl.block_type(like.dtype, list(data.shape))
+            return tl.core.tensor(TensorHandle(data, like.dtype.scalar), ty)
+
+        def raw(x):
+            return x.handle.data if hasattr(x, "handle") else np.asarray(x)
+
+        if name in self._UNARY:
+            return lambda x, **_: wrap(self._UNARY[name](raw(x)), x)
+        if name in self._BINARY:
+            return lambda a, b, **_: wrap(self._BINARY[name](raw(a), raw(b)), a if hasattr(a, "handle") else b)
+        raise AttributeError(f"libdevice.{name} has no interpreter version in tcexport")
+
+
+@contextmanager
+def _interpreting():
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+
+    knob = triton.knobs.runtime.interpret if hasattr(triton.knobs, "runtime") else None
+    if knob is not None:
+        triton.knobs.runtime.interpret = True
+    try:
+        yield
+    finally:
+        if knob is not None:
+            triton.knobs.runtime.interpret = knob
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def load_module(source: str):
+    """Import generated Triton source in interpreter mode, with numpy libdevice."""
+    with _interpreting():
+        folder = Path(tempfile.mkdtemp(prefix="tcexport-interpret-"))
+        path = folder / "tcexport_interpreted.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"tcexport_interpreted_{id(path)}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    module.libdevice = _NumpyLibdevice()
+    return module
+
+
+class InterpretedPackage:
+    """A CUDA package run by the interpreter: ``run(*numpy_arrays)`` returns numpy outputs."""
+
+    def __init__(self, path):
+        self.archive = open_archive(path)
+        self.manifest = m = self.archive.manifest
+        if m.cuda is None:
+            raise ValueError(f"{path}: the package has no CUDA kernels (export with --target cuda:sm_XX)")
+        bundle = next(k for k in m.kernels if k.target.startswith("cuda:"))
+        self.module = load_module(self.archive.read(bundle.file).decode())
+        self.guards = GuardPlan(m)
+        arrays = load_weights(self.archive, m)
+        self.weights = [_tensor(arrays[w.name], w.dtype) for w in m.weights]
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        m = self.manifest
+        env = self.guards.check(list(inputs))
+        ins = [_tensor(np.ascontiguousarray(x), spec.dtype) for x, spec in zip(inputs, m.inputs)]
+        outs = [torch.empty([ex.evaluate(d, env) for d in spec.shape], dtype=TORCH[spec.dtype])
+                for spec in m.outputs]
+        for o in outs:  # poison, so an element no kernel writes shows up
+            o.fill_(float("nan") if o.dtype.is_floating_point else -7 if o.dtype != torch.bool else True)
+        workspace = torch.zeros(max(ex.evaluate(m.workspace_bytes, env), 64) + 64, dtype=torch.uint8)
+        error = torch.zeros(1, dtype=torch.int32)
+        with _interpreting():
+            for launch in m.cuda.launches:
+                args = [_arg(p, ins, self.weights, outs, workspace, env, error) for p in launch.params]
+                grid = tuple(ex.evaluate(g, env) for g in launch.grid)
+                getattr(self.module, launch.name)[grid](*args, **launch.block)
+        if int(error[0]):
+            bad = m.cuda.launches[int(error[0]) - 1].name
+            raise RuntimeKernelError(f"kernel {bad}: an index read from a tensor is out of range (negative, or not "
+                                     "below the size of the dim it indexes). Check the index inputs, e.g. token "
+                                     "ids against the vocabulary size.")
+        return [_numpy(o) for o in outs]
+
+
+def _tensor(a: np.ndarray, dtype: str) -> torch.Tensor:
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).clone()
+    return torch.from_numpy(np.array(a, copy=True))
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        from tcexport.loader.dtypes import numpy_dtype
+        return t.view(torch.int16).numpy().view(np.uint16).astype(numpy_dtype("bfloat16"))
+    return t.numpy()
+
+
+def _arg(p: dict, ins, weights, outs, workspace, env, error):
+    kind, value = p["kind"], p["value"]
+    if kind == "input":
+        return ins[value]
+    if kind == "weight":
+        return weights[value]
+    if kind == "output":
+        return outs[value]
+    if kind == "symbol":
+        return env[value]
+    if kind == "error":
+        return error
+    offset = ex.evaluate(value, env)
+    return workspace[offset:].view(TORCH[p["dtype"]]) if p["dtype"] != "bool" else workspace[offset:].view(torch.bool)
