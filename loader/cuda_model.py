@@ -1,0 +1,384 @@
+"""Run a CUDA package: cubins loaded through the driver, weights uploaded once, kernels launched in planned order.
+
+Inputs are torch CUDA tensors, CuPy arrays, or anything with ``__cuda_array_interface__``; outputs come back as
+the same kind (torch and CuPy allocate them through the caller's own library, found in ``sys.modules``, so
+their allocators and streams stay in charge; anything else gets a ``DeviceArray``). Work goes onto the caller's
+current stream (torch's or CuPy's), or the ``stream=`` given.
+
+Per input-shape signature the launch sequence is captured once as a CUDA graph and replayed: the inputs are
+copied into the graph's own buffers, the graph runs, and the outputs are copied out, so a call costs three or
+four driver calls however many kernels the model has. ``graphs=False`` launches kernel by kernel instead.
+Kernels that index by data (embedding, gather) record an out-of-range index in an error word; the call then
+synchronises and raises RuntimeKernelError (``check_indices=False`` skips that check and its synchronisation).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from tcexport.formats import expr as ex
+from tcexport.formats.errors import DtypeError, RuntimeKernelError, TargetError, TcError
+from tcexport.formats.manifest import KernelBundle, Manifest
+
+from .archive import Archive
+from .dtypes import BFLOAT16, dtype_name, numpy_dtype
+from .guards import GuardPlan
+from .native_cuda import Device, ParamBlock
+from .weights import load_weights
+
+ALIGN = 256
+GRAPH_CACHE = 16
+
+
+def _aligned(n: int) -> int:
+    return (int(n) + ALIGN - 1) // ALIGN * ALIGN
+
+
+def pick_bundle(manifest: Manifest, arch: int, path) -> KernelBundle:
+    have = [k.target for k in manifest.kernels if k.target.startswith("cuda:")]
+    for k in manifest.kernels:
+        if k.target == f"cuda:sm_{arch}":
+            return k
+    listed = ", ".join(have) or "none (a CPU-only package)"
+    raise TargetError(f"{path}: package has {listed}; this GPU is sm_{arch}. Rebuild with "
+                      f"`tcexport MODEL.py --target cuda:sm_{arch}` (several archs: --target cuda:sm_80,sm_{arch}).")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# device arrays in and out
+
+
+@dataclass
+class _Meta:
+    """What the guards look at (shape, ndim, numpy dtype) and where the data is."""
+
+    shape: tuple
+    dtype: np.dtype
+    ptr: int
+    nbytes: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class DeviceArray:
+    """A package output in device memory, for callers that passed neither torch nor CuPy arrays: it exposes
+    ``__cuda_array_interface__`` (v3) and ``numpy()`` (a synchronous copy to the host)."""
+
+    def __init__(self, device: Device, shape: tuple, dtype: str):
+        self.device = device
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
+        self.ptr = device.alloc(self.nbytes)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = "<u2" if self.dtype == "bfloat16" else numpy_dtype(self.dtype).str
+        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "strides": None, "version": 3}
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
+        if self.nbytes:
+            self.device.download(out.ctypes.data, self.ptr, self.nbytes)
+        return out
+
+    def __del__(self):
+        try:
+            self.device.free(self.ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown or a dead context: nothing to free into
+            pass
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_torch(v) -> bool:
+    t = _torch()
+    return t is not None and isinstance(v, t.Tensor)
+
+
+def _describe(v, name: str, device: Device) -> _Meta:
+    if _is_torch(v):
+        if v.device.type != "cuda" or (v.device.index or 0) != device.ordinal:
+            raise TargetError(f"input {name!r} is on {v.device}; this model runs on cuda:{device.ordinal}. "
+                              f"Move it with {name}.to('cuda:{device.ordinal}').")
+        if not v.is_contiguous():
+            raise DtypeError(f"input {name!r} is not contiguous (strides {v.stride()}); pass {name}.contiguous()",
+                             input=name, expected="contiguous", got=str(v.stride()), rule="layout")
+        dname = str(v.dtype).replace("torch.", "")
+        dt = BFLOAT16 if dname == "bfloat16" else np.dtype(dname if dname != "bool" else np.bool_)
+        return _Meta(tuple(v.shape), dt, v.data_ptr(), v.numel() * v.element_size())
+    cai = getattr(v, "__cuda_array_interface__", None)
+    if cai is None:
+        raise DtypeError(f"input {name!r}: expected a CUDA array (a torch CUDA tensor, a CuPy array, or anything with "
+                         f"__cuda_array_interface__), got {type(v).__name__}. A host array must be copied to the "
+                         f"GPU first.", input=name, expected="cuda array", got=type(v).__name__, rule="type")
+    dt = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    if strides is not None and strides != tuple(np.empty(0, dt).itemsize * int(np.prod(shape[k + 1:]))
+                                                for k in range(len(shape))):
+        raise DtypeError(f"input {name!r} is not C-contiguous (strides {strides}); pass a contiguous copy",
+                         input=name, expected="contiguous", got=str(strides), rule="layout")
+    return _Meta(shape, dt, int(cai["data"][0]), int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+
+
+def _caller_stream(values, device: Device) -> int:
+    for v in values:
+        if _is_torch(v):
+            return int(_torch().cuda.current_stream(v.device).cuda_stream)
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values):
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the model
+
+
+@dataclass
+class _Kernel:
+    name: str
+    function: object
+    threads: int
+    shared: int
+    params: tuple
+    grid: tuple
+
+
+@dataclass
+class _Graph:
+    """One captured shape signature: its own buffers for inputs, outputs and workspace, and the graph."""
+
+    memory: int
+    inputs: list      # device pointers of the static input copies
+    outputs: list     # device pointers of the static outputs
+    graph: object
+    graph_exec: object
+    blocks: list      # ParamBlocks the captured launches point into (kept alive)
+
+
+class CudaModel:
+    def __init__(self, archive: Archive, device: Device, *, graphs: bool = True, check_indices: bool = True):
+        m = archive.manifest
+        self.archive, self.manifest, self.device = archive, m, device
+        self.bundle = pick_bundle(m, device.arch, archive.path)
+        self.graphs = graphs
+        self.check_indices = check_indices
+        self._plan = GuardPlan(m)
+        self._sym_kind = "i32" if m.cuda.index_bits == 32 else "i64"
+        self._modules = []
+        self._kernels = []
+        for launch, cubin in zip(m.cuda.launches, self.bundle.cubins):
+            module, fn = device.load_function(archive.read(cubin.file), cubin.function, cubin.shared)
+            self._modules.append(module)
+            self._kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
+                                         launch.grid))
+        self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
+        self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
+        self._error = device.alloc(4)
+        self._error_host = np.zeros(1, dtype=np.int32)
+        device.memset32_async(self._error, 0, 1, 0)
+        device.synchronize(0)
+        self._capture_stream = device.new_stream() if graphs else None
+        self._graph_cache: OrderedDict = OrderedDict()
+        self._workspace = (0, 0)  # (pointer, bytes) for calls without graphs
+        self._out_specs = [(s.shape, s.dtype) for s in m.outputs]
+        self._single = m.output_structure == "single"
+
+    # setup ---------------------------------------------------------------------------------------------
+
+    def _upload_weights(self, arrays: dict) -> tuple[int, list]:
+        specs = self.manifest.weights
+        offsets, total = [], 0
+        for w in specs:
+            offsets.append(total)
+            total += _aligned(arrays[w.name].nbytes)
+        base = self.device.alloc(total) if total else 0
+        for w, off in zip(specs, offsets):
+            a = np.ascontiguousarray(arrays[w.name])
+            if a.nbytes:
+                self.device.upload(base + off, a.ctypes.data, a.nbytes)
+        return base, [base + off for off in offsets]
+
+    # calls ---------------------------------------------------------------------------------------------
+
+    def __call__(self, *args, stream: int | None = None, **kwargs):
+        names = [s.name for s in self.manifest.inputs]
+        values = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
+        if kwargs:
+            raise TcError(f"unknown input name(s) {sorted(kwargs)}; the inputs are {names}")
+        self.device.make_current()
+        metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
+        env = self._plan.check(metas)
+        stream = _caller_stream(values, self.device) if stream is None else int(stream)
+        outs = self._new_outputs(values, env)
+        out_ptrs = [_pointer(o) for o in outs]
+        if self.graphs:
+            self._run_graph(metas, out_ptrs, outs, env, stream)
+        else:
+            self._run_direct(metas, out_ptrs, env, stream)
+        if self._checked and self.check_indices:
+            self._raise_on_bad_index(stream)
+        return outs[0] if self._single else tuple(outs)
+
+    def _new_outputs(self, values, env) -> list:
+        shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in self._out_specs]
+        if any(_is_torch(v) for v in values):
+            torch = _torch()
+            dev = f"cuda:{self.device.ordinal}"
+            return [torch.empty(s, dtype=getattr(torch, dt), device=dev) for s, (_, dt) in zip(shapes, self._out_specs)]
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values) \
+                and not any(dt == "bfloat16" for _, dt in self._out_specs):
+            return [cupy.empty(s, dtype=dt) for s, (_, dt) in zip(shapes, self._out_specs)]
+        return [DeviceArray(self.device, s, dt) for s, (_, dt) in zip(shapes, self._out_specs)]
+
+    def _blocks(self, inputs: list, outputs: list, workspace: int, env: dict) -> list:
+        """One ParamBlock and grid per kernel for these buffer addresses and symbol values."""
+        out = []
+        for k in self._kernels:
+            values, kinds = [], []
+            for p in k.params:
+                kind, v = p["kind"], p["value"]
+                if kind == "symbol":
+                    values.append(env[v])
+                    kinds.append(self._sym_kind)
+                    continue
+                ptr = {"input": lambda: inputs[v], "weight": lambda: self._weight_ptrs[v],
+                       "output": lambda: outputs[v], "error": lambda: self._error,
+                       "temp": lambda: workspace + ex.evaluate(v, env)}[kind]()
+                values.append(ptr)
+                kinds.append("ptr")
+            grid = tuple(ex.evaluate(g, env) for g in k.grid)
+            out.append((k, ParamBlock(values, kinds), grid))
+        return out
+
+    def _launch_all(self, blocks: list, stream: int) -> None:
+        for k, block, grid in blocks:
+            if min(grid) > 0:
+                self.device.launch(k.function, grid, k.threads, k.shared, stream, block.address)
+
+    def _run_direct(self, metas, out_ptrs, env, stream) -> None:
+        need = ex.evaluate(self.manifest.workspace_bytes, env)
+        inputs, copies = [], []
+        in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16)
+        ptr, size = self._workspace
+        if size < need + in_bytes:
+            if ptr:
+                self.device.synchronize(0)
+                self.device.free(ptr)
+            size = _aligned(need + in_bytes) * 2
+            ptr = self.device.alloc(size)
+            self._workspace = (ptr, size)
+        spare = ptr + _aligned(need)
+        for m in metas:  # kernels assume 16-byte aligned pointers; a misaligned view is copied
+            if m.ptr % 16:
+                self.device.copy_async(spare, m.ptr, m.nbytes, stream)
+                inputs.append(spare)
+                spare += _aligned(m.nbytes)
+            else:
+                inputs.append(m.ptr)
+        self._launch_all(self._blocks(inputs, out_ptrs, ptr, env), stream)
+
+    def _run_graph(self, metas, out_ptrs, outs, env, stream) -> None:
+        key = tuple(m.shape for m in metas)
+        g = self._graph_cache.get(key)
+        if g is None:
+            g = self._capture(metas, env)
+            self._graph_cache[key] = g
+            if len(self._graph_cache) > GRAPH_CACHE:
+                self._drop(self._graph_cache.popitem(last=False)[1])
+        else:
+            self._graph_cache.move_to_end(key)
+        for dst, m in zip(g.inputs, metas):
+            if m.nbytes:
+                self.device.copy_async(dst, m.ptr, m.nbytes, stream)
+        self.device.graph_launch(g.graph_exec, stream)
+        for dst, src, o in zip(out_ptrs, g.outputs, outs):
+            n = _nbytes(o)
+            if n:
+                self.device.copy_async(dst, src, n, stream)
+
+    def _capture(self, metas, env) -> _Graph:
+        out_bytes = [int(np.prod([ex.evaluate(d, env) for d in shape], dtype=np.int64)) * numpy_dtype(dt).itemsize
+                     for shape, dt in self._out_specs]
+        work = ex.evaluate(self.manifest.workspace_bytes, env)
+        sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(n) for n in out_bytes] + [_aligned(work)]
+        memory = self.device.alloc(sum(sizes))
+        ptrs, at = [], memory
+        for s in sizes:
+            ptrs.append(at)
+            at += s
+        inputs, outputs, workspace = ptrs[:len(metas)], ptrs[len(metas):len(metas) + len(out_bytes)], ptrs[-1]
+        blocks = self._blocks(inputs, outputs, workspace, env)
+        s = self._capture_stream
+        self.device.begin_capture(s)
+        try:
+            self._launch_all(blocks, s)
+        finally:
+            graph, graph_exec = self.device.end_capture(s)
+        return _Graph(memory, inputs, outputs, graph, graph_exec, blocks)
+
+    def _drop(self, g: _Graph) -> None:
+        self.device.synchronize(0)
+        self.device.destroy_graph(g.graph, g.graph_exec)
+        self.device.free(g.memory)
+
+    def _raise_on_bad_index(self, stream: int) -> None:
+        self.device.synchronize(stream)
+        self.device.download(self._error_host.ctypes.data, self._error, 4)
+        code = int(self._error_host[0])
+        if code:
+            self.device.memset32_async(self._error, 0, 1, stream)
+            self.device.synchronize(stream)
+            raise RuntimeKernelError(f"kernel {self._kernels[code - 1].name}: an index read from a tensor is out of "
+                                     "range (negative, or not below the size of the dim it indexes). Check the "
+                                     "index inputs, e.g. token ids against the vocabulary size.")
+
+    # introspection ---------------------------------------------------------------------------------------
+
+    @property
+    def inputs(self):
+        return list(self.manifest.inputs)
+
+    @property
+    def outputs(self):
+        return list(self.manifest.outputs)
+
+    def __repr__(self) -> str:
+        return (f"CudaModel({self.manifest.model!r}, {self.bundle.target}, device cuda:{self.device.ordinal} "
+                f"({self.device.name}), graphs={self.graphs})")
+
+
+def _pointer(o) -> int:
+    if _is_torch(o):
+        return o.data_ptr()
+    if isinstance(o, DeviceArray):
+        return o.ptr
+    return int(o.__cuda_array_interface__["data"][0])
+
+
+def _nbytes(o) -> int:
+    if _is_torch(o):
+        return o.numel() * o.element_size()
+    return int(o.nbytes)
+
+
+def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True) -> CudaModel:
+    """``device`` is "cuda" or "cuda:N"."""
+    _, _, index = str(device).partition(":")
+    if index and not index.isdigit():
+        raise TargetError(f"device {device!r} should be 'cuda' or 'cuda:N'")
+    if archive.manifest.cuda is None:
+        pick_bundle(archive.manifest, Device(int(index or 0)).arch, archive.path)
+    return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices)

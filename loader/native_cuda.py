@@ -1,0 +1,141 @@
+"""The CUDA driver, through NVIDIA's ``cuda-bindings`` (imported only when a GPU package is loaded).
+
+Every call is checked: a failing driver call raises CudaError naming the call and the driver's own error name.
+Nothing here knows about packages; cuda_model.py does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from tcexport.formats.errors import TcError
+
+
+class CudaError(TcError):
+    """A CUDA driver call failed, or the CUDA driver / cuda-bindings is missing."""
+
+    exit_code = 7
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python before 12.6 spelled it this way
+        except ImportError:
+            raise CudaError("loading a CUDA package needs NVIDIA's cuda-bindings: pip install cuda-bindings "
+                            "(or cuda-python); it also needs the NVIDIA driver (libcuda.so.1)") from None
+    return driver
+
+
+def check(result, call: str):
+    """Unpack a cuda-bindings result tuple, raising CudaError when its status is not CUDA_SUCCESS."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        drv = _driver()
+        name = drv.cuGetErrorName(err)[1]
+        text = drv.cuGetErrorString(err)[1]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        raise CudaError(f"CUDA driver call {call} failed: {name} ({text})")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+class Device:
+    """One GPU's primary context (the one PyTorch and CuPy use too, so pointers are interchangeable)."""
+
+    def __init__(self, ordinal: int):
+        self.cu = cu = _driver()
+        check(cu.cuInit(0), "cuInit")
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise CudaError(f"device cuda:{ordinal} does not exist; this machine has {count} CUDA device(s)")
+        self.ordinal = ordinal
+        self.device = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.context = check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self.make_current()
+        attr = cu.CUdevice_attribute
+        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cc")
+        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cc")
+        self.arch = major * 10 + minor
+        name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)
+
+    def make_current(self) -> None:
+        check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    # memory ----------------------------------------------------------------------------------------------
+
+    def alloc(self, nbytes: int) -> int:
+        return int(check(self.cu.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc({nbytes})"))
+
+    def free(self, ptr: int) -> None:
+        check(self.cu.cuMemFree(ptr), "cuMemFree")
+
+    def upload(self, dst: int, host, nbytes: int) -> None:
+        check(self.cu.cuMemcpyHtoD(dst, host, nbytes), "cuMemcpyHtoD")
+
+    def download(self, host, src: int, nbytes: int) -> None:
+        check(self.cu.cuMemcpyDtoH(host, src, nbytes), "cuMemcpyDtoH")
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+    def memset32_async(self, dst: int, value: int, count: int, stream: int) -> None:
+        check(self.cu.cuMemsetD32Async(dst, value, count, stream), "cuMemsetD32Async")
+
+    # kernels ---------------------------------------------------------------------------------------------
+
+    def load_function(self, cubin: bytes, name: str, shared: int):
+        module = check(self.cu.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
+        fn = check(self.cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+        if shared > 48 * 1024:
+            attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({name})")
+        return module, fn
+
+    def launch(self, fn, grid: tuple, threads: int, shared: int, stream: int, params_address: int) -> None:
+        check(self.cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, shared, stream,
+                                     params_address, 0), "cuLaunchKernel")
+
+    # streams and graphs ----------------------------------------------------------------------------------
+
+    def new_stream(self) -> int:
+        flags = self.cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        return check(self.cu.cuStreamCreate(flags), "cuStreamCreate")
+
+    def synchronize(self, stream: int) -> None:
+        check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def begin_capture(self, stream) -> None:
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(self.cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+
+    def end_capture(self, stream):
+        graph = check(self.cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+        return graph, check(self.cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def graph_launch(self, graph_exec, stream: int) -> None:
+        check(self.cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+
+    def destroy_graph(self, graph, graph_exec) -> None:
+        check(self.cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+        check(self.cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
+class ParamBlock:
+    """The ``void**`` array cuLaunchKernel takes, built once per launch and shape: one ctypes value per
+    parameter (64-bit pointers, 32- or 64-bit symbols) plus the two scratch pointers Triton kernels end with."""
+
+    def __init__(self, values: list, kinds: list):
+        self.values = [ctypes.c_uint64(v) if k == "ptr" else (ctypes.c_int32(v) if k == "i32" else ctypes.c_int64(v))
+                       for v, k in zip(values, kinds)]
+        self.values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global scratch, profile scratch: unused
+        self.array = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.array)
