@@ -84,8 +84,32 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
         raise BuildError(f"Triton failed to compile kernel {launch.name} for sm_{arch} (a tcexport bug; please "
                          f"report it with the generated source from --dump):\n{type(e).__name__}: {str(e)[-3000:]}") from e
     md = k.metadata
+    _check_abi(launch, k.asm["ptx"], md)
     return Cubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
                  md.global_scratch_size, md.global_scratch_align)
+
+
+def _check_abi(launch: Launch, ptx: str, md) -> None:
+    """The loader passes the non-constexpr parameters in order, then two null scratch pointers; a Triton whose
+    kernels take anything else (or need global scratch) cannot be packaged by this tcexport."""
+    entry = ptx[ptx.index(".entry"):]
+    entry = entry[:entry.index(")")]
+    n_params = entry.count(".param")
+    expected = sum(1 for t in launch.signature.values() if t != "constexpr") + 2
+    if n_params != expected or md.global_scratch_size or md.profile_scratch_size:
+        raise BuildError(f"kernel {launch.name}: Triton {triton_version()} produced an entry with {n_params} "
+                         f"parameters (expected {expected}) and {md.global_scratch_size} bytes of global scratch "
+                         "(expected 0); this Triton version's launch ABI is not supported. Use the Triton version "
+                         "pinned in pyproject.toml.")
+
+
+def cubin_arch(data: bytes) -> int:
+    """The sm_XX a cubin is for, from its ELF header (EI_ABIVERSION 7 keeps it in e_flags' low byte, 8 in the
+    next one)."""
+    if data[:4] != b"\x7fELF" or int.from_bytes(data[18:20], "little") != 190:  # EM_CUDA
+        raise BuildError("not a CUDA ELF (cubin)")
+    flags = int.from_bytes(data[48:52], "little")
+    return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
 
 
 def _cache_key(source: str, launch: Launch, arch: int) -> str:

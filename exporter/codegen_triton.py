@@ -365,8 +365,9 @@ class Emitter:
             if e.free_symbols & set(bound):
                 raw = self.temp(tindex(e.xreplace(bound)))
                 bad = self.temp(f"({raw} < 0) | ({raw} >= {tindex(size)})")
-                self.lines.append(f"{self.indent}tl.store(tc_error + 0 * {raw}, {self.w.kernel_id + 1}, "
-                                  f"mask={bad} & {self.mask})")
+                hit = self.temp(f"{bad} & {self.mask}")  # broadcast to the block, like the pointer below
+                self.lines.append(f"{self.indent}tl.store(tc_error + 0 * {hit}.to(tl.int32), "
+                                  f"{self.w.kernel_id + 1}, mask={hit})")
                 self.w.checked = True
                 e = sympy.Symbol(self.temp(f"tl.where({bad}, 0, {raw})"), integer=True)
             index.append(e)

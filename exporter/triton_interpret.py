@@ -7,12 +7,18 @@ generated kernel without a GPU; users can use it to debug a GPU package on a lap
 
 libdevice calls have no interpreter implementation, so while interpreting, the module's ``libdevice`` is
 replaced by numpy versions of the same functions; everything else is the source the cubins were built from.
+
+Triton decides at import time whether its own library functions are interpreted, so the interpreter needs a
+process in which ``TRITON_INTERPRET=1`` was set before triton was imported: ``run_interpreted`` starts one
+(``python -m tcexport.exporter.triton_interpret``) and passes arrays through .npy files.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -80,6 +86,9 @@ def _interpreting():
 
 def load_module(source: str):
     """Import generated Triton source in interpreter mode, with numpy libdevice."""
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the Triton interpreter needs TRITON_INTERPRET=1 before triton is imported; "
+                           "use run_interpreted(), which starts such a process")
     with _interpreting():
         folder = Path(tempfile.mkdtemp(prefix="tcexport-interpret-"))
         path = folder / "tcexport_interpreted.py"
@@ -156,3 +165,50 @@ def _arg(p: dict, ins, weights, outs, workspace, env, error):
         return error
     offset = ex.evaluate(value, env)
     return workspace[offset:].view(TORCH[p["dtype"]]) if p["dtype"] != "bool" else workspace[offset:].view(torch.bool)
+
+
+def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -> list[list[np.ndarray]]:
+    """Run ``path`` in the interpreter on each case (a list of input arrays), in a fresh process; returns the
+    outputs per case. A kernel's out-of-range index comes back as RuntimeKernelError, a guard failure as
+    the loader's typed error (by class name)."""
+    from tcexport.formats import errors as E
+
+    with tempfile.TemporaryDirectory(prefix="tcexport-interpret-") as tmp:
+        folder = Path(tmp)
+        for c, inputs in enumerate(cases):
+            for k, x in enumerate(inputs):
+                np.save(folder / f"case{c}_in{k}.npy", x)
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        proc = subprocess.run([sys.executable, "-m", "tcexport.exporter.triton_interpret", str(path), tmp,
+                               str(len(cases))], capture_output=True, text=True, env=env, timeout=timeout)
+        if proc.returncode != 0:
+            err = folder / "error.json"
+            if err.is_file():
+                info = json.loads(err.read_text())
+                raise getattr(E, info["type"], E.TcError)(info["message"])
+            raise RuntimeError(f"interpreter process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        outs = []
+        for c in range(len(cases)):
+            n = len(list(folder.glob(f"case{c}_out*.npy")))
+            outs.append([np.load(folder / f"case{c}_out{k}.npy") for k in range(n)])
+        return outs
+
+
+def _main(argv: list[str]) -> int:
+    from tcexport.formats.errors import TcError
+
+    path, folder, n_cases = argv[0], Path(argv[1]), int(argv[2])
+    try:
+        pkg = InterpretedPackage(path)
+        for c in range(n_cases):
+            inputs = [np.load(folder / f"case{c}_in{k}.npy") for k in range(len(pkg.manifest.inputs))]
+            for k, o in enumerate(pkg.run(*inputs)):
+                np.save(folder / f"case{c}_out{k}.npy", o)
+    except TcError as e:
+        (folder / "error.json").write_text(json.dumps({"type": type(e).__name__, "message": str(e)}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

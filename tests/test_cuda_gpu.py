@@ -1,0 +1,117 @@
+"""GPU packages on a real GPU: the examples and transformers models, loaded through the CUDA driver and compared
+with eager (float64 on the CPU). Skips cleanly where there is no GPU (CI).
+
+``TCEXPORT_PREBUILT=DIR`` takes the packages from DIR (built on a CPU-only machine by
+``python tests/gpu_packages.py DIR``); without it they are built here for this GPU's arch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+import tcexport.loader as L  # noqa: E402
+from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.formats import errors as E  # noqa: E402
+from gpu_packages import MODELS as CASES, build  # noqa: E402
+from packages import WORK  # noqa: E402
+
+ARCH = "sm_%d%d" % torch.cuda.get_device_capability()
+
+
+def package(name: str) -> Path:
+    folder = os.environ.get("TCEXPORT_PREBUILT")
+    if folder:
+        return Path(folder) / f"{name}.tcpkg"
+    return build(name, WORK / "gpu", f"cuda:{ARCH}")
+
+
+def _inputs(path, shapes, seed=0):
+    spec = load_model_file(path)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for example, shape in zip(spec.example_inputs, shapes):
+        if example.dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=g).to(example.dtype))
+        else:
+            out.append(torch.randint(0, int(example.max()) + 1, shape, generator=g).to(example.dtype))
+    return spec, out
+
+
+def _reference(spec, xs):
+    module = spec.module.double()
+    with torch.no_grad():
+        out = module(*[x.double() if x.is_floating_point() else x for x in xs])
+    return out if isinstance(out, (tuple, list)) else (out,)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_eager(name):
+    path, shapes_list = CASES[name]
+    model = L.load(package(name), device="cuda")
+    for shapes in shapes_list:
+        spec, xs = _inputs(path, shapes)
+        got = model(*[x.cuda() for x in xs])
+        got = got if isinstance(got, tuple) else (got,)
+        want = _reference(spec, xs)
+        for g, w in zip(got, want):
+            assert g.is_cuda and tuple(g.shape) == tuple(w.shape)
+            torch.testing.assert_close(g.cpu().double(), w, rtol=2e-4, atol=2e-4, msg=f"{name} {shapes}")
+
+
+def test_graphs_and_direct_launches_agree_across_shapes():
+    path, shapes_list = CASES["decoder"]
+    with_graphs = L.load(package("decoder"), device="cuda")
+    direct = L.load(package("decoder"), device="cuda", graphs=False)
+    for shapes in shapes_list * 2:  # the second round replays cached graphs
+        _, xs = _inputs(path, shapes, seed=3)
+        xs = [x.cuda() for x in xs]
+        torch.testing.assert_close(with_graphs(*xs), direct(*xs), rtol=0, atol=0)
+
+
+def test_runs_on_the_callers_stream():
+    path, shapes_list = CASES["mlp"]
+    model = L.load(package("mlp"), device="cuda")
+    spec, xs = _inputs(path, shapes_list[0])
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x = xs[0].cuda()
+        y = model(x)
+    stream.synchronize()
+    torch.testing.assert_close(y.cpu().double(), _reference(spec, xs)[0], rtol=2e-4, atol=2e-4)
+
+
+def test_out_of_range_index_raises():
+    model = L.load(package("decoder"), device="cuda")
+    ids = torch.tensor([[1, 2, 10**6]], device="cuda")
+    with pytest.raises(E.RuntimeKernelError, match="out of range"):
+        model(ids)
+    ok = torch.tensor([[1, 2, 3]], device="cuda")
+    model(ok)  # the error word was reset
+
+
+def test_guards_on_gpu():
+    model = L.load(package("mlp"), device="cuda")
+    with pytest.raises(E.DtypeError):
+        model(torch.zeros(2, 64, dtype=torch.float64, device="cuda"))
+    with pytest.raises(E.StaticDimError):
+        model(torch.zeros(2, 63, device="cuda"))
+    with pytest.raises(E.TargetError):
+        model(torch.zeros(2, 64))
+
+
+def test_cupy_in_cupy_out():
+    cupy = pytest.importorskip("cupy")
+    path, shapes_list = CASES["mlp"]
+    model = L.load(package("mlp"), device="cuda")
+    spec, xs = _inputs(path, shapes_list[0])
+    y = model(cupy.asarray(xs[0].numpy()))
+    assert isinstance(y, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(y), _reference(spec, xs)[0].numpy(), rtol=2e-4, atol=2e-4)
