@@ -4,12 +4,15 @@ The order is fixed (formats/SPEC.md, "Guards"): arity, rank, dtype, static dims,
 (first bare occurrence binds, later ones must agree), symbol ranges, derived dims, relation guards.
 The first failure raises a typed GuardError naming the input, dim and symbol, what was allowed, what
 came, and how to fix it. ``GuardPlan`` does the analysis once per manifest, so a call only runs
-flat loops over small tuples.
+flat loops over small tuples; ``SignatureCache`` remembers what a full check concluded for a set of input
+shapes, so a call with shapes seen before costs a dtype check and one dict lookup.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -41,6 +44,9 @@ class GuardPlan:
         self.dtypes = tuple(s.dtype for s in manifest.inputs)
         # fast path: plain (untagged, native-order) numpy dtypes compare directly; bfloat16 takes the slow path
         self._plain = tuple(None if d == "bfloat16" else numpy_dtype(d) for d in self.dtypes)
+        # per input, the dtype object whose identity alone passes the dtype guard (None: only the full check can say)
+        self.exact_dtypes = tuple(self._exact_dtype(k) for k in range(len(self.dtypes)))
+        self.shape_key = _compile_shape_key(self.exact_dtypes)
         self.ranges = {s.name: (s.min, s.max) for s in manifest.symbols}
         self.static: list[tuple[int, int, int]] = []     # (input index, dim, size)
         self.binders: list[tuple[int, int, str]] = []     # (input index, dim, symbol), in binding order
@@ -100,17 +106,28 @@ class GuardPlan:
                     f"with shape {list(arr.shape)}. Reshape the input to rank {rank}.",
                     input=name, expected=rank, got=arr.ndim, rule="rank")
 
+    def _exact_dtype(self, k: int) -> np.dtype | None:
+        """The loader's dtype object for input k, if the dtype guard accepts it: then ``arr.dtype is`` that object
+        passes the guard exactly as the full rule would (the rule is a function of the dtype object alone)."""
+        dtype = numpy_dtype(self.dtypes[k])
+        return dtype if self._dtype_passes(k, dtype) else None
+
+    def _dtype_passes(self, k: int, dtype: np.dtype) -> bool:
+        plain = self._plain[k]
+        if plain is not None and dtype == plain and dtype.metadata is None and dtype.isnative:
+            return True
+        return dtype_name(dtype) == self.dtypes[k] and dtype.isnative
+
     def _check_dtypes(self, arrays) -> None:
-        for name, dtype, plain, arr in zip(self.names, self.dtypes, self._plain, arrays):
-            if plain is not None and arr.dtype == plain and arr.dtype.metadata is None and arr.dtype.isnative:
+        for k, (name, dtype, arr) in enumerate(zip(self.names, self.dtypes, arrays)):
+            if self._dtype_passes(k, arr.dtype):
                 continue
             got = dtype_name(arr.dtype)
-            if got != dtype or not arr.dtype.isnative:
-                shown = got if arr.dtype.isnative else f"{got} (non-native byte order)"
-                raise DtypeError(
-                    f"input {name!r}: expected dtype {dtype}, got {shown}. The loader never casts; "
-                    f"convert it yourself, e.g. x.astype('{dtype}') or tensor.to(torch.{dtype}).",
-                    input=name, expected=dtype, got=shown, rule="dtype")
+            shown = got if arr.dtype.isnative else f"{got} (non-native byte order)"
+            raise DtypeError(
+                f"input {name!r}: expected dtype {dtype}, got {shown}. The loader never casts; "
+                f"convert it yourself, e.g. x.astype('{dtype}') or tensor.to(torch.{dtype}).",
+                input=name, expected=dtype, got=shown, rule="dtype")
 
     def _check_static(self, arrays) -> None:
         for i, d, size in self.static:
@@ -216,6 +233,77 @@ def _evaluate_or_none(expr, env) -> int | None:
         return ex.evaluate(expr, env)
     except FormatError:
         return None
+
+
+def _compile_shape_key(exact: tuple) -> Callable[[list], tuple | None]:
+    """One closure for the per-call fast check: the inputs' shapes (the cache key) when there are as many
+    inputs as the plan has and each dtype is the exact expected object; None sends the call to the full check.
+    Specialised for one input, the common case, to skip the loop."""
+    n = len(exact)
+    if n == 1 and exact[0] is not None:
+        (want,) = exact
+
+        def one(arrays) -> tuple | None:
+            if len(arrays) == 1 and arrays[0].dtype is want:
+                return (arrays[0].shape,)
+            return None
+        return one
+
+    def many(arrays) -> tuple | None:
+        if len(arrays) != n:
+            return None
+        for a, want in zip(arrays, exact):
+            if want is None or a.dtype is not want:
+                return None
+        return tuple([a.shape for a in arrays])
+    return many
+
+
+SIGNATURE_CACHE_SIZE = 64
+
+
+class SignatureCache:
+    """What a full guard check concluded for one set of input shapes (``make(env)``: bound symbols, output
+    shapes, workspace size...), kept so that a call repeating a signature skips binding and range checks.
+
+    Safe by construction: every rule after arity and dtype (rank, static dims, symbol binding, ranges, derived
+    dims, relations) is a function of the input shapes alone, and the key is all of them; arity and dtype are
+    checked on every call, by ``GuardPlan.shape_key`` (the exact dtype objects) or by the full check. A key is
+    stored only after a full check passed for it. Bounded (oldest signature evicted first); reads take no lock,
+    inserts take one, so concurrent calls stay safe.
+    """
+
+    def __init__(self, plan: GuardPlan, make: Callable[[dict], object], size: int = SIGNATURE_CACHE_SIZE):
+        if size < 1:
+            raise ValueError(f"SignatureCache size should be >= 1, got {size}")
+        self._plan, self._make, self._size = plan, make, size
+        self._entries: dict = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, arrays) -> object:
+        """The entry for these inputs; raises the guard's typed error if they break a guard."""
+        key = self._plan.shape_key(arrays)
+        if key is not None:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry
+            env = self._plan.check(arrays)
+        else:
+            env = self._plan.check(arrays)  # dtypes the fast check cannot vouch for: the full rule, every call
+            key = tuple(a.shape for a in arrays)
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry
+        return self._insert(key, self._make(env))
+
+    def _insert(self, key: tuple, entry: object) -> object:
+        with self._lock:
+            if key not in self._entries and len(self._entries) >= self._size:
+                del self._entries[next(iter(self._entries))]
+            return self._entries.setdefault(key, entry)
 
 
 def bind_and_check(manifest: Manifest, arrays: list[np.ndarray]) -> dict[str, int]:

@@ -57,7 +57,9 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     """
     if str(device).startswith("cuda"):
         from .cuda_model import load_cuda
-        return load_cuda(open_archive(path), str(device), graphs=graphs, check_indices=check_indices)
+        archive = open_archive(path)
+        _require_cuda_kernels(archive.manifest, str(device))
+        return load_cuda(archive, str(device), graphs=graphs, check_indices=check_indices)
     if str(device) != "cpu":
         raise TargetError(f"device {str(device)!r} is not known; use 'cpu', 'cuda' or 'cuda:N'")
     threads = default_num_threads() if num_threads is None else num_threads
@@ -68,6 +70,16 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     weights = load_weights(archive)
     native = native_cpu.load(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
     return Model(archive, plan, weights, native, threads)
+
+
+def _require_cuda_kernels(manifest: Manifest, device: str) -> None:
+    """A package without CUDA kernels cannot run on any GPU: say so, naming what it has, before touching the
+    driver (where a missing driver or cuda-bindings would hide the real problem)."""
+    if any(k.target.startswith("cuda:") for k in manifest.kernels):
+        return
+    have = ", ".join(f"{k.target} {k.isa}" for k in manifest.kernels) or "no kernels"
+    raise TargetError(f"device {device!r}: package {manifest.model!r} has no CUDA kernels ({have}). Rebuild it with "
+                      f"`tcexport MODEL.py --target cuda:sm_XX`, or load it with device='cpu'.")
 
 
 class Model:
@@ -187,7 +199,7 @@ class Model:
         pointers = b.outputs
         for k, o in enumerate(outputs):
             pointers[k] = data_address(o)
-        rc = self._native.run_unchecked(b.ctx_ref, sig.symbols, b.inputs, self._weight_ptrs, b.outputs, ws)
+        rc = self._native.run(b.ctx_ref, sig.symbols, b.inputs, self._weight_ptrs, b.outputs, ws)
         if rc != 0:
             raise self._kernel_error(rc, b)
         return outputs
@@ -235,7 +247,7 @@ class _CallBuffers:
 
     def workspace_for(self, nbytes: int) -> ctypes.c_void_p | None:
         """This thread's scratch buffer, grown when a call needs more (kept: the next call reuses it); None
-        (NULL) when the plan needs none. A ctypes object, as ``run_unchecked`` requires."""
+        (NULL) when the plan needs none. A ctypes object, as ``native_cpu``'s untyped entry point requires."""
         if nbytes == 0:
             return None
         if self.workspace is None or self.workspace.nbytes - WORKSPACE_ALIGNMENT < nbytes:

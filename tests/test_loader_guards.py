@@ -8,7 +8,7 @@ from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RankEr
                                      StaticDimError, SymbolConflictError, SymbolRangeError)
 from tcexport.formats.manifest import Guard, Symbol
 from tcexport.loader.dtypes import BFLOAT16
-from tcexport.loader.guards import GuardPlan, bind_and_check
+from tcexport.loader.guards import GuardPlan, SignatureCache, bind_and_check
 
 
 def _manifest(inputs, symbols=(("batch", 1, 64), ("seq", 1, None)), guards=()):
@@ -149,3 +149,75 @@ def test_guard_with_division_by_zero_does_not_hold():
 def test_scalar_input():
     m = _manifest([("t", "float32", [])], symbols=())
     assert GuardPlan(m).check([np.array(1.0, np.float32)]) == {}
+
+
+# -- the per-signature cache: a hit is exactly as strict as a full check -----------------------------------------
+
+
+def _cache(manifest, size=64):
+    made = []
+
+    def make(env):
+        made.append(dict(env))
+        return ("entry", tuple(sorted(env.items())))
+    return SignatureCache(GuardPlan(manifest), make, size), made
+
+
+def test_cache_makes_one_entry_per_signature():
+    cache, made = _cache(M)
+    first = cache.lookup(_args(2, 4))
+    assert cache.lookup(_args(2, 4)) is first and made == [{"batch": 2, "seq": 4}]
+    assert cache.lookup(_args(3, 4)) == ("entry", (("batch", 3), ("seq", 4))) and len(made) == 2
+
+
+def test_cache_hit_still_checks_dtype_and_arity():
+    cache, _ = _cache(M)
+    cache.lookup(_args())
+    bad = _args()
+    bad[0] = bad[0].astype(np.int32)  # same shapes as the cached signature
+    with pytest.raises(DtypeError) as e:
+        cache.lookup(bad)
+    assert e.value.input == "ids"
+    swapped = _args()
+    swapped[1] = swapped[1].astype(">f4")
+    with pytest.raises(DtypeError, match="byte order"):
+        cache.lookup(swapped)
+    with pytest.raises(ArityError):
+        cache.lookup(_args()[:2])
+
+
+def test_cache_never_stores_a_failing_signature():
+    cache, made = _cache(M)
+    for _ in range(2):
+        with pytest.raises(RelationError):
+            cache.lookup(_args(seq=3))
+        with pytest.raises(SymbolRangeError):
+            cache.lookup(_args(batch=65))
+    assert len(cache) == 0 and made == []
+
+
+def test_cache_is_bounded_and_keeps_working_after_eviction():
+    cache, made = _cache(M, size=2)
+    for batch in (1, 2, 3, 1):
+        assert cache.lookup(_args(batch)) == ("entry", (("batch", batch), ("seq", 4)))
+    assert len(cache) == 2 and [m["batch"] for m in made] == [1, 2, 3, 1]  # 1 was evicted, then made again
+
+
+def test_exact_dtypes_are_the_loaders_own_objects():
+    plan = GuardPlan(_manifest([("x", "float32", [2]), ("b", "bfloat16", [2])], symbols=()))
+    assert plan.exact_dtypes == (np.dtype(np.float32), BFLOAT16)
+    a = [np.zeros(2, np.float32), np.zeros(2, np.uint16).view(BFLOAT16)]
+    assert plan.shape_key(a) == ((2,), (2,))
+    assert plan.shape_key([a[0], np.zeros(2, np.uint16)]) is None  # untagged bits: only the full check decides
+
+
+def test_equal_but_not_identical_dtype_takes_the_full_check():
+    """A dtype object equal to float32 but not numpy's canonical one misses the fast key, passes the full
+    rule, and then reuses the cached signature."""
+    m = _manifest([("x", "float32", ["batch"])], symbols=(("batch", 1, 8),))
+    cache, made = _cache(m)
+    odd = np.dtype(np.float32, metadata={"note": 1})
+    x = np.zeros(3, odd)
+    assert GuardPlan(m).shape_key([x]) is None
+    cache.lookup([np.zeros(3, np.float32)])
+    assert cache.lookup([x]) == ("entry", (("batch", 3),)) and len(made) == 1

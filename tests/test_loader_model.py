@@ -11,9 +11,9 @@ import pytest
 
 from loader_helpers import (KERNEL_FILE, WEIGHTS, build_package, compile_kernel, default_members, make_manifest,
                             spec)
-from tcexport.formats.errors import (ArityError, FormatError, RuntimeKernelError, SymbolRangeError, TargetError,
-                                     VersionError)
-from tcexport.formats.manifest import KernelBundle, Symbol
+from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RuntimeKernelError, StaticDimError,
+                                     SymbolRangeError, TargetError, VersionError)
+from tcexport.formats.manifest import FORMAT_VERSION, KernelBundle, Symbol
 from tcexport.loader import load, native_cpu
 
 GEMM_C = r"""
@@ -97,6 +97,92 @@ def test_concurrent_calls(package, tmp_path):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_concurrent_calls_while_signatures_are_evicted(package, tmp_path):
+    """Threads with different batches, through a signature cache too small to hold them all: every call's
+    symbols, output shape and workspace still belong to its own inputs."""
+    from tcexport.loader.guards import SignatureCache
+    model = _load(package, tmp_path)
+    model._signatures = SignatureCache(model._plan, model._signature, size=2)
+    errors = []
+
+    def worker(batch):
+        x = np.full((batch, 4), batch, np.float32)
+        for _ in range(100):
+            y = model(x)
+            if y.shape != (batch, 4) or not np.array_equal(y, x + WEIGHTS["w"]):
+                errors.append(batch)
+
+    threads = [threading.Thread(target=worker, args=(b,)) for b in (1, 2, 3, 5, 8, 21, 34, 55)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(model._signatures) <= 2
+
+
+def test_repeated_signature_still_runs_every_guard(package, tmp_path):
+    model = _load(package, tmp_path)
+    x = np.ones((3, 4), np.float32)
+    model(x)
+    with pytest.raises(DtypeError):
+        model(x.astype(np.float64))              # same shape as the cached call
+    with pytest.raises(DtypeError, match="byte order"):
+        model(x.astype(">f4"))
+    with pytest.raises(StaticDimError):
+        model(np.ones((3, 5), np.float32))
+    with pytest.raises(SymbolRangeError):
+        model(np.ones((65, 4), np.float32))
+    np.testing.assert_array_equal(model(x), x + WEIGHTS["w"])
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: np.repeat(x, 2, axis=1)[:, ::2],                          # strided view: copied
+    lambda x: np.asfortranarray(x),                                     # Fortran order: copied
+    lambda x: np.frombuffer(x.tobytes(), np.float32).reshape(x.shape),  # read-only
+    lambda x: x.view(_Sub),                                             # an ndarray subclass
+    lambda x: x.tolist(),                                               # no array at all: a dtype error
+])
+def test_inputs_off_the_fast_path_give_the_same_answer(package, tmp_path, make):
+    model = _load(package, tmp_path)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    model(x)  # the signature is cached from the fast path
+    arg = make(x)
+    if isinstance(arg, list):
+        with pytest.raises(DtypeError):
+            model(arg)
+        return
+    np.testing.assert_array_equal(model(arg), x + WEIGHTS["w"])
+
+
+def test_outputs_are_fresh_each_call(package, tmp_path):
+    model = _load(package, tmp_path)
+    x = np.ones((2, 4), np.float32)
+    y1, y2 = model(x), model(x)
+    assert not np.shares_memory(y1, y2)
+    y1[:] = 0
+    np.testing.assert_array_equal(model(x), x + WEIGHTS["w"])
+
+
+def test_kernel_error_message_is_not_stale(package, tmp_path):
+    model = _load(package, tmp_path)
+    for _ in range(2):
+        with pytest.raises(RuntimeKernelError, match="unlucky batch 13"):
+            model(np.zeros((13, 4), np.float32))
+        assert model._buffers().error.value == b""  # cleared once read
+        np.testing.assert_array_equal(model(np.zeros((2, 4), np.float32)), np.tile(WEIGHTS["w"], (2, 1)))
+
+
+def test_data_address_matches_numpy():
+    from tcexport.loader.model import data_address
+    base = np.arange(40, dtype=np.int64).reshape(5, 8)
+    for a in (base, base[2:], base[1, 3:], np.frombuffer(b"abcd", np.uint8), np.array(1.5), np.empty((0, 3))):
+        assert data_address(a) == a.ctypes.data
 
 
 def test_cache_is_content_addressed_and_tamper_rewritten(package, tmp_path):
@@ -207,7 +293,7 @@ def _tcpkg(*args, env=None):
 def test_cli_inspect(package):
     r = _tcpkg("inspect", str(package))
     assert r.returncode == 0, r.stderr
-    for text in ("tcpkg 1.0", "input  x: float32[batch, 4]", "batch: 1..64", "x86-64", "w: float32[4]",
+    for text in ("tcpkg {}.{}".format(*FORMAT_VERSION), "input  x: float32[batch, 4]", "batch: 1..64", "x86-64", "w: float32[4]",
                  "16*batch", "sha256"):
         assert text in r.stdout
     j = json.loads(_tcpkg("inspect", str(package), "--json").stdout)
