@@ -20,7 +20,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from . import ir
-from .fuse import Kernel, qvar
+from .fuse import Kernel
 from .codegen_cpp import _split_loops, _flat_position, ARG_REDUCTIONS
 
 TL_TYPE = {"float64": "tl.float64", "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",

@@ -129,6 +129,8 @@ class InterpretedPackage:
             for launch in m.cuda.launches:
                 args = [_arg(p, ins, self.weights, outs, workspace, env, error) for p in launch.params]
                 grid = tuple(ex.evaluate(g, env) for g in launch.grid)
+                if min(grid) == 0:
+                    continue
                 getattr(self.module, launch.name)[grid](*args, **launch.block)
         if int(error[0]):
             bad = m.cuda.launches[int(error[0]) - 1].name

@@ -1,7 +1,9 @@
 """`--verify`: run a saved package in a fresh process where `import torch` fails, and compare with eager.
 
 The cases are the example inputs, then every dynamic symbol at the ends of its range (the example's data
-repeated or cut along each dynamic dim), so a package is checked where users will push it.
+repeated or cut along each dynamic dim), so a package is checked where users will push it. A package with CPU
+kernels runs on the CPU; a CUDA-only package runs on the GPU when there is one, and otherwise in Triton's CPU
+interpreter (the same kernel source its cubins were built from; slow, so keep the shapes small).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.modules["torch"] = None  # the loader must work without torch: make `import 
 import numpy as np
 import tcexport.loader as L
 pkg, folder, n_cases = sys.argv[1], sys.argv[2], int(sys.argv[3])
-model = L.load(pkg)
+model = L.load(pkg, device=sys.argv[4])
 for c in range(n_cases):
     inputs = [np.load(f"{folder}/case{c}_in{k}.npy") for k in range(len(model.inputs))]
     out = model(*inputs)
@@ -86,7 +88,11 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
             for k, a in enumerate(arrays):
                 np.save(f"{tmp}/case{c}_in{k}.npy", a)
             expected.append(_eager(spec, arrays))
-        proc = subprocess.run([sys.executable, "-c", RUNNER, str(package), tmp, str(len(cases))],
+        where = _where(manifest)
+        report["ran_on"] = where
+        if where == "triton-interpreter":
+            return _verify_interpreted(package, cases, expected, report, quiet)
+        proc = subprocess.run([sys.executable, "-c", RUNNER, str(package), tmp, str(len(cases)), where],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             report.update(ok=False, error=proc.stderr.strip()[-4000:])
@@ -100,6 +106,33 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
                 report["cases"].append(_compare(label, k, arrays, got, want))
     report["ok"] = all(c["ok"] for c in report["cases"])
     if not quiet:
+        _print(report, cases, tmp_outputs=None)
+    return report
+
+
+def _where(manifest) -> str:
+    if any(k.target == "cpu" for k in manifest.kernels):
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "triton-interpreter"
+
+
+def _verify_interpreted(package: Path, cases, expected, report: dict, quiet: bool) -> dict:
+    from .triton_interpret import run_interpreted
+
+    try:
+        outputs = run_interpreted(package, [arrays for _, arrays in cases])
+    except Exception as e:  # noqa: BLE001 - any failure of the run is the verification's result
+        report.update(ok=False, error=f"{type(e).__name__}: {e}")
+        if not quiet:
+            print(f"verify: the interpreted run failed: {report['error']}", file=sys.stderr)
+        return report
+    for (label, arrays), got, want in zip(cases, outputs, expected):
+        for k, (g, w) in enumerate(zip(got, want)):
+            report["cases"].append(_compare(label, k, arrays, g, w))
+    report["ok"] = all(c["ok"] for c in report["cases"])
+    if not quiet:
+        print("verify: no CPU kernels and no GPU here; ran the CUDA kernels in Triton's interpreter",
+              file=sys.stderr)
         _print(report, cases, tmp_outputs=None)
     return report
 

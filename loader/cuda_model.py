@@ -2,7 +2,8 @@
 
 Inputs are torch CUDA tensors, CuPy arrays, or anything with ``__cuda_array_interface__``; outputs come back as
 the same kind (torch and CuPy allocate them through the caller's own library, found in ``sys.modules``, so
-their allocators and streams stay in charge; anything else gets a ``DeviceArray``). Work goes onto the caller's
+their allocators and streams stay in charge; anything else gets a ``DeviceArray``). numpy arrays work too, for a
+server whose requests arrive in host memory: they are copied up, and the outputs come back as numpy. Work goes onto the caller's
 current stream (torch's or CuPy's), or the ``stream=`` given.
 
 Per input-shape signature the launch sequence is captured once as a CUDA graph and replayed: the inputs are
@@ -14,8 +15,8 @@ synchronises and raises RuntimeKernelError (``check_indices=False`` skips that c
 
 from __future__ import annotations
 
-import ctypes
 import sys
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from tcexport.formats.errors import DtypeError, RuntimeKernelError, TargetError,
 from tcexport.formats.manifest import KernelBundle, Manifest
 
 from .archive import Archive
-from .dtypes import BFLOAT16, dtype_name, numpy_dtype
+from .dtypes import BFLOAT16, numpy_dtype
 from .guards import GuardPlan
 from .native_cuda import Device, ParamBlock
 from .weights import load_weights
@@ -61,6 +62,7 @@ class _Meta:
     dtype: np.dtype
     ptr: int
     nbytes: int
+    host: bool = False  # a numpy array: ``ptr`` is host memory, copied up before the kernels run
 
     @property
     def ndim(self) -> int:
@@ -106,6 +108,9 @@ def _is_torch(v) -> bool:
 
 
 def _describe(v, name: str, device: Device) -> _Meta:
+    if isinstance(v, np.ndarray):
+        a = v if v.flags.c_contiguous else np.ascontiguousarray(v)
+        return _Meta(a.shape, a.dtype, a.ctypes.data, a.nbytes, host=True)
     if _is_torch(v):
         if v.device.type != "cuda" or (v.device.index or 0) != device.ordinal:
             raise TargetError(f"input {name!r} is on {v.device}; this model runs on cuda:{device.ordinal}. "
@@ -194,6 +199,7 @@ class CudaModel:
         self._workspace = (0, 0)  # (pointer, bytes) for calls without graphs
         self._out_specs = [(s.shape, s.dtype) for s in m.outputs]
         self._single = m.output_structure == "single"
+        self._lock = threading.Lock()  # graphs and the workspace are shared: one call at a time per model
 
     # setup ---------------------------------------------------------------------------------------------
 
@@ -213,11 +219,16 @@ class CudaModel:
     # calls ---------------------------------------------------------------------------------------------
 
     def __call__(self, *args, stream: int | None = None, **kwargs):
+        with self._lock:
+            return self._call(args, stream, kwargs)
+
+    def _call(self, args, stream, kwargs):
         names = [s.name for s in self.manifest.inputs]
         values = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
         if kwargs:
             raise TcError(f"unknown input name(s) {sorted(kwargs)}; the inputs are {names}")
         self.device.make_current()
+        values = [np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v for v in values]
         metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
         env = self._plan.check(metas)
         stream = _caller_stream(values, self.device) if stream is None else int(stream)
@@ -229,6 +240,8 @@ class CudaModel:
             self._run_direct(metas, out_ptrs, env, stream)
         if self._checked and self.check_indices:
             self._raise_on_bad_index(stream)
+        if values and all(m.host for m in metas):
+            outs = [o.numpy() for o in outs]  # DeviceArray.numpy waits for the copy (a synchronous download)
         return outs[0] if self._single else tuple(outs)
 
     def _new_outputs(self, values, env) -> list:
@@ -270,8 +283,8 @@ class CudaModel:
 
     def _run_direct(self, metas, out_ptrs, env, stream) -> None:
         need = ex.evaluate(self.manifest.workspace_bytes, env)
-        inputs, copies = [], []
-        in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16)
+        inputs = []
+        in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16 or m.host)
         ptr, size = self._workspace
         if size < need + in_bytes:
             if ptr:
@@ -282,7 +295,11 @@ class CudaModel:
             self._workspace = (ptr, size)
         spare = ptr + _aligned(need)
         for m in metas:  # kernels assume 16-byte aligned pointers; a misaligned view is copied
-            if m.ptr % 16:
+            if m.host:
+                self.device.upload_async(spare, m.ptr, m.nbytes, stream)
+                inputs.append(spare)
+                spare += _aligned(m.nbytes)
+            elif m.ptr % 16:
                 self.device.copy_async(spare, m.ptr, m.nbytes, stream)
                 inputs.append(spare)
                 spare += _aligned(m.nbytes)
@@ -302,7 +319,7 @@ class CudaModel:
             self._graph_cache.move_to_end(key)
         for dst, m in zip(g.inputs, metas):
             if m.nbytes:
-                self.device.copy_async(dst, m.ptr, m.nbytes, stream)
+                (self.device.upload_async if m.host else self.device.copy_async)(dst, m.ptr, m.nbytes, stream)
         self.device.graph_launch(g.graph_exec, stream)
         for dst, src, o in zip(out_ptrs, g.outputs, outs):
             n = _nbytes(o)

@@ -78,6 +78,10 @@ class Device:
     def upload(self, dst: int, host, nbytes: int) -> None:
         check(self.cu.cuMemcpyHtoD(dst, host, nbytes), "cuMemcpyHtoD")
 
+    def upload_async(self, dst: int, host: int, nbytes: int, stream: int) -> None:
+        """From pageable host memory: the driver stages it, so the host buffer is free to reuse on return."""
+        check(self.cu.cuMemcpyHtoDAsync(dst, host, nbytes, stream), "cuMemcpyHtoDAsync")
+
     def download(self, host, src: int, nbytes: int) -> None:
         check(self.cu.cuMemcpyDtoH(host, src, nbytes), "cuMemcpyDtoH")
 

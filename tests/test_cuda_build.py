@@ -142,3 +142,14 @@ def test_loading_on_cuda_without_a_gpu_is_a_clear_error():
         pytest.skip("this machine has a GPU")
     with pytest.raises(TcError, match="cuda"):
         L.load(built_cuda(str(EXAMPLES / "mlp.py")), device="cuda")
+
+
+def test_verify_runs_a_cuda_only_package_in_the_interpreter_without_a_gpu():
+    from tcexport.exporter.verify import verify
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: verify runs there instead")
+    path = EXAMPLES / "mlp.py"
+    report = verify(load_model_file(path), built_cuda(str(path)), quiet=True)
+    assert report["ran_on"] == "triton-interpreter"
+    assert report["ok"] and len(report["cases"]) == 3  # the example, then batch at both ends of its range
