@@ -19,8 +19,15 @@ from . import ir
 from .fuse import Kernel, qvar
 from .plan import MemoryPlan
 
-CTYPE = {"float64": "double", "float32": "float", "int64": "int64_t", "int32": "int32_t", "int16": "int16_t",
-         "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+# the C type a value of each dtype is computed in; 16-bit floats compute in float32 (see ir.HALF_DTYPES)
+CTYPE = {"float64": "double", "float32": "float", "float16": "float", "bfloat16": "float", "int64": "int64_t",
+         "int32": "int32_t", "int16": "int16_t", "int8": "int8_t", "uint8": "uint8_t", "bool": "bool"}
+# the C type a buffer stores each dtype's elements as: 16-bit floats are their bit patterns
+STORAGE_CTYPE = {**CTYPE, "float16": "uint16_t", "bfloat16": "uint16_t"}
+# 16-bit float -> (bits to float32, float32 to bits, float32 rounded to it); all in the prelude
+HALF_CONVERSIONS = {"float16": ("tc_f16_to_float", "tc_float_to_f16", "tc_round_f16"),
+                    "bfloat16": ("tc_bf16_to_float", "tc_float_to_bf16", "tc_round_bf16")}
+GEMM_ROUTINES = {"float32": "f.sgemm", "float64": "f.dgemm"}
 PARALLEL_MIN_WORK = 32768  # elements; below this a kernel runs on the calling thread
 ABI_VERSION = 1
 
@@ -127,7 +134,19 @@ def _cname(sym: sympy.Symbol) -> str:
     return f"s_{name}"
 
 
+def loaded(dtype: str, element: str) -> str:
+    """A stored element (C lvalue text) as the value it holds: 16-bit float bits widen to float32."""
+    return f"{HALF_CONVERSIONS[dtype][0]}({element})" if dtype in HALF_CONVERSIONS else element
+
+
+def stored(dtype: str, value: str) -> str:
+    """A computed value as a buffer of ``dtype`` stores it: float32 rounds to 16-bit float bits."""
+    return f"{HALF_CONVERSIONS[dtype][1]}({value})" if dtype in HALF_CONVERSIONS else value
+
+
 def cconst(value, dtype: str) -> str:
+    """A literal of ``dtype``'s compute type. A 16-bit float constant keeps its float32 value: PyTorch's CPU
+    kernels use a Python scalar in the compute type (the lowering rounds it where PyTorch does)."""
     t = CTYPE[dtype]
     if dtype == "bool":
         return "true" if value else "false"
@@ -138,7 +157,7 @@ def cconst(value, dtype: str) -> str:
         if math.isinf(v):
             return f"{'-' if v < 0 else ''}std::numeric_limits<{t}>::infinity()"
         text = repr(v)
-        return f"{text}f" if dtype == "float32" else text
+        return f"{text}f" if t == "float" else text
     return f"static_cast<{t}>({int(value)}LL)"
 
 
@@ -165,11 +184,12 @@ class Emitter:
         if isinstance(v, ir.IndexValue):
             text = f"static_cast<{CTYPE[v.dtype]}>({cindex(v.expr)})"
         elif isinstance(v, ir.LoadIndirect):
-            text = self._indirect(v)
+            text = loaded(self.prog.buffers[v.buffer].dtype, self._indirect(v))
         elif isinstance(v, ir.Load):
-            text = self.locals.get(v.buffer) or f"{v.buffer}[{cindex(self.prog.buffers[v.buffer].flat_index(v.index))}]"
             if v.buffer in self.locals:
-                return text
+                return self.locals[v.buffer]
+            buf = self.prog.buffers[v.buffer]
+            text = loaded(buf.dtype, f"{v.buffer}[{cindex(buf.flat_index(v.index))}]")
         else:
             args = [self.emit(a) for a in v.args]
             table = INT_OPS if v.dtype not in ir.FLOAT_DTYPES and v.dtype != "bool" else FLOAT_OPS
@@ -181,6 +201,8 @@ class Emitter:
                                c=args[2] if len(args) > 2 else "")
             if v.op not in ("cast",) and v.dtype != _arg_dtype(v):
                 text = f"static_cast<{t}>({text})"
+            if v.op == "cast" and v.dtype in HALF_CONVERSIONS:  # an explicit cast rounds, as PyTorch's does
+                text = f"{HALF_CONVERSIONS[v.dtype][2]}({text})"
         name = f"t{next(self.names)}"
         self.lines.append(f"{self.indent}const {CTYPE[v.dtype]} {name} = {text};")
         self.memo[v] = name
@@ -231,6 +253,21 @@ class Loop:
 
     level: str
     stages: list
+
+
+def _store_body(k: Kernel, s) -> ir.Value:
+    """The value a pointwise stage computes, in kernel loop variables; when it goes to memory, a final cast to
+    the stored 16-bit float is left to the store, which rounds anyway (a kept local is never rounded)."""
+    body = ir.subs_index(s.node.body, s.var_map)
+    return body if s.node.out.name in k.local else _without_final_round(body, s.node.out.dtype)
+
+
+def _without_final_round(body: ir.Value, dtype: str) -> ir.Value:
+    """``body`` less a final cast to the 16-bit float ``dtype`` (the store after it rounds to that dtype)."""
+    if dtype not in HALF_CONVERSIONS or not (isinstance(body, ir.Op) and body.op == "cast" and body.dtype == dtype):
+        return body
+    inner = body.args[0]
+    return inner if inner.dtype in ("float32",) + ir.HALF_DTYPES else ir.Op("float32", "cast", (inner,))
 
 
 def _split_loops(k: Kernel) -> list[Loop]:
@@ -323,7 +360,7 @@ class CppKernelWriter:
     def _ptr_decl(self, name: str) -> str:
         buf = self.prog.buffers[name]
         const = "const " if buf.kind in ("input", "weight") else ""
-        return f"{const}{CTYPE[buf.dtype]}* __restrict__ {name}"
+        return f"{const}{STORAGE_CTYPE[buf.dtype]}* __restrict__ {name}"
 
     # --- loop kernels ---------------------------------------------------------------------------------
 
@@ -372,7 +409,7 @@ class CppKernelWriter:
         if loop.level == "row":
             for s in loop.stages:
                 em = Emitter(self.prog, locals_, indent, self.names)
-                val = em.emit(ir.subs_index(s.node.body, s.var_map))
+                val = em.emit(_store_body(k, s))
                 lines += em.lines
                 lines += self._store(k, s, val, locals_, indent)
             return lines
@@ -398,7 +435,7 @@ class CppKernelWriter:
         def step(inner_indent: str) -> list[str]:
             em = Emitter(self.prog, locals_, inner_indent, self.names)
             for s in loop.stages:
-                val = em.emit(ir.subs_index(s.node.body, s.var_map))
+                val = em.emit(_store_body(k, s) if loop.level != "reduce" else ir.subs_index(s.node.body, s.var_map))
                 if loop.level == "reduce":
                     em.lines.append(inner_indent + plans[id(s)][0].format(v=val, idx=cindex(_flat_position(k.inner))))
                 else:
@@ -417,7 +454,7 @@ class CppKernelWriter:
             locals_[name] = f"v_{name}"
             return [f"{indent}const {CTYPE[s.node.out.dtype]} v_{name} = {val};"]
         flat = s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
-        return [f"{indent}{name}[{cindex(flat)}] = {val};"]
+        return [f"{indent}{name}[{cindex(flat)}] = {stored(s.node.out.dtype, val)};"]
 
     # --- GEMM kernels ---------------------------------------------------------------------------------
 
@@ -425,8 +462,8 @@ class CppKernelWriter:
         node = k.stages[0].node
         g = node.gemm
         dtype = node.out.dtype
-        fn = {"float32": "f.sgemm", "float64": "f.dgemm"}[dtype]
-        t = CTYPE[dtype]
+        assert dtype in GEMM_ROUTINES, f"{node.name}: BLAS has no {dtype} GEMM (lowering widens 16-bit floats)"
+        fn, t = GEMM_ROUTINES[dtype], CTYPE[dtype]
         ta, lda = self._operand(g.a, g.m, g.k)
         tb, ldb = self._operand(g.b, g.k, g.n)
         out = node.out.name
@@ -453,9 +490,9 @@ class CppKernelWriter:
 
         def element(indent: str) -> list[str]:
             em = Emitter(self.prog, {}, indent, self.names)
-            val = em.emit(node.body)
+            val = em.emit(_without_final_round(node.body, node.out.dtype))
             flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
-            return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {val};"]
+            return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
 
         def body(indent: str) -> list[str]:
             return _nest(ivars[collapse:], node.ranges[collapse:], indent, element)
@@ -476,7 +513,7 @@ def generate(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: li
     for name, buf in prog.buffers.items():
         if name in used or buf.kind in ("input", "output"):
             const = "const " if buf.kind in ("input", "weight") else ""
-            frame.append(f"  {const}{CTYPE[buf.dtype]}* {name};")
+            frame.append(f"  {const}{STORAGE_CTYPE[buf.dtype]}* {name};")
     frame.append("};")
     parts = [PRELUDE, "namespace {", "\n".join(frame), ""]
     parts += [writer.kernel(k) + "\n" for k in kernels]
@@ -507,9 +544,9 @@ def _entry(prog, kernels, plan, blas, used) -> str:
             if name in used or group != "weights":
                 buf = prog.buffers[name]
                 const = "const " if group != "outputs" else ""
-                lines.append(f"    f.{name} = static_cast<{const}{CTYPE[buf.dtype]}*>({group}[{k}]);")
+                lines.append(f"    f.{name} = static_cast<{const}{STORAGE_CTYPE[buf.dtype]}*>({group}[{k}]);")
     for name, off in plan.offsets.items():
-        t = CTYPE[prog.buffers[name].dtype]
+        t = STORAGE_CTYPE[prog.buffers[name].dtype]
         lines.append(f"    f.{name} = reinterpret_cast<{t}*>(static_cast<char*>(workspace) + {cindex(off)});")
     if not prog.symbols:
         lines.append("    (void)symbols;")

@@ -19,8 +19,16 @@ from typing import Iterator
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-DTYPES = ("float64", "float32", "int64", "int32", "int16", "int8", "uint8", "bool")
-FLOAT_DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+# 16-bit floats are storage formats: values are loaded into float32, computed in float32 and rounded (to nearest
+# even) where they are stored or explicitly cast, as PyTorch's CPU kernels do; BLAS has no GEMM for them
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype arithmetic on ``dtype`` values runs in: float32 for the 16-bit floats, else ``dtype`` itself."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 
 
 @lru_cache(maxsize=None)

@@ -20,8 +20,9 @@ from .capture import Captured, to_sympy
 from .errors import CaptureError, UnsupportedOpError
 
 TORCH_DTYPES = {
-    torch.float64: "float64", torch.float32: "float32", torch.int64: "int64", torch.int32: "int32",
-    torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
+    torch.bool: "bool",
 }
 
 LOWERINGS: dict = {}

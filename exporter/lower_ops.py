@@ -53,11 +53,16 @@ def _cast(v: ir.Value, dtype: str) -> ir.Value:
     return v if v.dtype == dtype else ir.Op(dtype, "cast", (v,))
 
 
+PROMOTION_ORDER = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
 def _promote(*xs) -> str:
-    """Type promotion between operands (tensors win over scalars of the same category)."""
-    order = ["bool", "uint8", "int8", "int16", "int32", "int64", "float32", "float64"]
+    """Type promotion between operands (tensors win over scalars of the same category; float16 with bfloat16
+    is float32, as in PyTorch)."""
     tensors = [x.dtype for x in xs if isinstance(x, TensorRef)]
-    best = max(tensors, key=order.index) if tensors else "float32"
+    best = max(tensors, key=PROMOTION_ORDER.index) if tensors else "float32"
+    if best == "bfloat16" and "float16" in tensors:
+        best = "float32"
     if any(isinstance(x, float) for x in xs) and not _is_float(best):
         best = "float32"
     if any(isinstance(x, int) and not isinstance(x, bool) for x in xs) and best == "bool":
@@ -112,8 +117,15 @@ COMPARE = {"eq": [aten.eq, prims.eq], "ne": [aten.ne, prims.ne], "lt": [aten.lt,
            "le": [aten.le, prims.le], "gt": [aten.gt, prims.gt], "ge": [aten.ge, prims.ge]}
 
 
+# binary ops whose CPU kernels use a Python scalar operand in the tensor's dtype (so rounded to a 16-bit float);
+# the others (mul, div, clamp, ...) use it unrounded in float32
+SCALAR_IN_DTYPE = {"add", "sub", "pow", "fmod", "remainder"}
+
+
 def _binary_rule(name):
     def rule(low, node, val, a, b, alpha=1, **kw):
+        if name in SCALAR_IN_DTYPE:
+            a, b = (_as_dtype_scalar(x, torch_dtype_name(val.dtype)) for x in (a, b))
         if alpha != 1:
             return _scaled_binary(low, val, name, a, b, alpha)
         if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) \
@@ -151,8 +163,17 @@ for _name, _ops in BINARY.items():
 
 def _compare_rule(name):
     def rule(low, node, val, a, b):
-        return _pointwise(low, val, name, a, b, compute=_promote(a, b))
+        compute = _promote(a, b)
+        return _pointwise(low, val, name, *(_as_dtype_scalar(x, compute) for x in (a, b)), compute=compute)
     return rule
+
+
+def _as_dtype_scalar(x, dtype: str):
+    """A Python float operand of a 16-bit float op, rounded to that dtype, as PyTorch's comparisons and
+    SCALAR_IN_DTYPE ops take it (they read the scalar converted to the common dtype)."""
+    if dtype not in ir.HALF_DTYPES or not isinstance(x, float):
+        return x
+    return float(torch.tensor(x, dtype=getattr(torch, dtype)).item())
 
 
 for _name, _ops in COMPARE.items():
@@ -387,16 +408,43 @@ def _strided(x: TensorRef, batched: bool) -> ir.GemmOperand | None:
 
 
 def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+    """a @ b in val's dtype: a GEMM node, for 16-bit floats followed by the rounding cast (see _gemm)."""
     out = torch_dtype_name(val.dtype)
-    if out not in ("float32", "float64"):
+    prod = _gemm(low, val, a, b, batched)
+    if prod.dtype == out:
+        return prod
+    return low.pointwise(prod.shape, out, _cast(prod.load(_idx(len(prod.shape))), out))
+
+
+def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+    """A GEMM node computing a @ b in the dtype BLAS has for val's dtype. BLAS has no 16-bit float GEMM, so
+    16-bit operands are widened to float32 buffers and the float32 product is returned (PyTorch's CPU GEMM
+    also accumulates those in float32); the caller rounds it once, after any epilogue it adds."""
+    out = torch_dtype_name(val.dtype)
+    compute = ir.compute_dtype(out)
+    if compute not in ("float32", "float64"):
         raise NotImplementedError(f"matrix product in {out}")
+    if compute != out:
+        a, b = _widened(low, a, compute, batched), _widened(low, b, compute, batched)
     shape = _shape(low, val)
     ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
-    buf = low.new_buffer(out, shape)
+    buf = low.new_buffer(compute, shape)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
     gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k)
     low.nodes.append(ir.Node(low.fresh("n"), "gemm", buf, gemm=gemm, source=low.source()))
     return identity_ref(buf)
+
+
+def _widened(low: Lowering, x: TensorRef, dtype: str, batched: bool) -> TensorRef:
+    """x converted to ``dtype`` in a buffer of its own (a GEMM operand; never inlined). A strided view of a
+    whole buffer (a transposed weight) converts the buffer in its own order, so the conversion reads
+    contiguously, and keeps the view; any other view is converted into a contiguous copy."""
+    buf = x.buffer
+    whole = _strided(x, batched) is not None and ir.same_size(ir.product(x.shape), buf.numel())
+    if not whole:
+        return low.pointwise(x.shape, dtype, _cast(x.load(_idx(len(x.shape))), dtype))
+    wide = low.pointwise(buf.shape, dtype, _cast(identity_ref(buf).load(_idx(len(buf.shape))), dtype))
+    return TensorRef(wide.buffer, x.shape, x.index)
 
 
 @register(aten.mm)
@@ -411,16 +459,18 @@ def _aten_bmm(low, node, val, a, b):
 
 @register(aten.addmm)
 def _addmm(low, node, val, bias, a, b, beta=1, alpha=1):
-    """bias + a @ b as a GEMM and a pointwise add; fusion turns the add into the GEMM's epilogue."""
-    prod = _mm(low, val, a, b, batched=False)
+    """bias + a @ b as a GEMM and a pointwise add; fusion turns the add into the GEMM's epilogue. For 16-bit
+    floats the add runs on the float32 product and rounds once, like PyTorch's addmm."""
+    prod = _gemm(low, val, a, b, batched=False)
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    acc = prod.dtype
     p = prod.load(_idx(2))
     if alpha != 1:
-        p = ir.Op(out, "mul", (p, _value(alpha, shape, out)))
-    bv = _value(bias, shape, out)
+        p = ir.Op(acc, "mul", (p, _value(alpha, shape, acc)))
+    bv = _value(bias, shape, acc)
     if beta != 1:
-        bv = ir.Op(out, "mul", (bv, _value(beta, shape, out)))
-    return low.pointwise(shape, out, ir.Op(out, "add", (p, bv)) if beta != 0 else p)
+        bv = ir.Op(acc, "mul", (bv, _value(beta, shape, acc)))
+    return low.pointwise(shape, out, _cast(ir.Op(acc, "add", (p, bv)) if beta != 0 else p, out))
 
 
 @register(aten.scalar_tensor)

@@ -29,9 +29,11 @@ def reduction(low: Lowering, shape, dtype: str, op: str, reduce_ranges, body: ir
     return low.reduction(shape, dtype, op, reduce_ranges, body)
 
 
-def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str | None = None, body_fn=None):
-    """``op`` over ``dims`` of x (all dims when None or empty). Returns the result and the number of elements
-    each output reduces over."""
+def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str | None = None, body_fn=None,
+            cast_back: bool = True):
+    """``op`` over ``dims`` of x (all dims when None or empty), accumulated in ``compute`` and cast to val's
+    dtype unless ``cast_back`` is False (the caller finishes in ``compute``, e.g. mean's division). Returns the
+    result and the number of elements each output reduces over."""
     rank = len(x.shape)
     dims = sorted(set(_norm_dims(list(range(rank)) if dims is None or dims == [] else dims, rank)))
     out = torch_dtype_name(val.dtype)
@@ -52,7 +54,7 @@ def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str |
     if body_fn is not None:
         body = body_fn(body, idx)
     ref = reduction(low, out_shape, compute, op, [x.shape[d] for d in dims], body)
-    if compute != out:
+    if compute != out and cast_back:
         ref = low.pointwise(out_shape, out, _cast(ref.load(_idx(len(out_shape))), out))
     return ref, ir.product(x.shape[d] for d in dims)
 
@@ -118,31 +120,36 @@ def _prod(low, node, val, x, dims=None, keepdim=False, dtype=None):
 
 @register(aten.mean)
 def _mean(low, node, val, x, dims=None, keepdim=False, dtype=None):
-    total, n = _reduce(low, val, "sum", x, dims, keepdim)
+    """sum / n, both in float32 for 16-bit floats and rounded once (PyTorch's CPU mean does the same)."""
     out = torch_dtype_name(val.dtype)
+    acc = ir.compute_dtype(out)
+    total, n = _reduce(low, val, "sum", x, dims, keepdim, compute=acc, cast_back=False)
     shape = _shape(low, val)
-    return low.pointwise(shape, out, ir.Op(out, "div", (total.load(_idx(len(shape))), _value(n, shape, out))))
+    mean = ir.Op(acc, "div", (total.load(_idx(len(shape))), _value(n, shape, acc)))
+    return low.pointwise(shape, out, _cast(mean, out))
 
 
 @register(prims.var)
 def _var(low, node, val, x, dims, correction=0, output_dtype=None):
-    """Two-pass variance: mean first, then the mean squared deviation (both fuse into one row kernel)."""
+    """Two-pass variance: mean first, then the mean squared deviation (both fuse into one row kernel). 16-bit
+    floats keep every intermediate in float32 and round the result once."""
     out = torch_dtype_name(val.dtype)
+    acc = ir.compute_dtype(out)
     rank = len(x.shape)
     nd = _norm_dims(list(range(rank)) if dims is None else dims, rank)
     keep_shape = tuple(sympy.Integer(1) if d in nd else x.shape[d] for d in range(rank))
-    total, n = _reduce(low, _FakeVal(keep_shape, val.dtype), "sum", x, nd, True)
-    mean = low.pointwise(keep_shape, out, ir.Op(out, "div", (total.load(_idx(rank)), _value(n, keep_shape, out))))
+    total, n = _reduce(low, _FakeVal(keep_shape, val.dtype), "sum", x, nd, True, compute=acc, cast_back=False)
+    mean = low.pointwise(keep_shape, acc, ir.Op(acc, "div", (total.load(_idx(rank)), _value(n, keep_shape, acc))))
 
     def sq_dev(v, idx):
         m = mean.load([sympy.Integer(0) if d in nd else e for d, e in enumerate(idx)])
-        dev = ir.Op(out, "sub", (v, m))
-        return ir.Op(out, "mul", (dev, dev))
+        dev = ir.Op(acc, "sub", (v, m))
+        return ir.Op(acc, "mul", (dev, dev))
 
-    ss, _ = _reduce(low, val, "sum", x, nd, False, body_fn=sq_dev)
+    ss, _ = _reduce(low, val, "sum", x, nd, False, compute=acc, body_fn=sq_dev, cast_back=False)
     shape = _shape(low, val)
-    denom = _value(sympy.Max(n - correction, 0), shape, out)  # no elements left: 0 / 0, NaN as in PyTorch
-    return low.pointwise(shape, out, ir.Op(out, "div", (ss.load(_idx(len(shape))), denom)))
+    denom = _value(sympy.Max(n - correction, 0), shape, acc)  # no elements left: 0 / 0, NaN as in PyTorch
+    return low.pointwise(shape, out, _cast(ir.Op(acc, "div", (ss.load(_idx(len(shape))), denom)), out))
 
 
 class _FakeVal:

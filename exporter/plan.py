@@ -16,7 +16,8 @@ from . import ir
 from .fuse import Kernel
 
 ALIGN = 64
-ITEMSIZE = {"float64": 8, "float32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+            "uint8": 1, "bool": 1}
 
 
 @dataclass

@@ -86,3 +86,94 @@ def test_loops_calling_it_vectorise(lib):
     lines = src.read_text().splitlines()
     wrappers = {str(k + 1) for k, line in enumerate(lines) if "v_" in line}
     assert wrappers <= {v for v in vectorised}, (wrappers, vectorised)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 16-bit floats: bit-exact conversions at every ISA level the exporter builds, and loops over them vectorise
+
+HALF_FUNCS = {"f16_to_float": ("uint16_t", "float"), "float_to_f16": ("float", "uint16_t"),
+              "bf16_to_float": ("uint16_t", "float"), "float_to_bf16": ("float", "uint16_t")}
+HALF_WRAPPER = "\n".join(
+    f'extern "C" void h_{f}(const {a}* __restrict__ x, {b}* __restrict__ y, long n) '
+    f"{{ for (long i = 0; i < n; ++i) y[i] = tc_{f}(x[i]); }}" for f, (a, b) in HALF_FUNCS.items())
+
+
+@pytest.fixture(scope="module", params=["x86-64", "x86-64-v3", "x86-64-v4"])
+def half_lib(request, tmp_path_factory):
+    """The conversions built as the exporter builds generated code (its flags) for one ISA level; None for
+    the library when this CPU cannot run that level (vectorisation is still checked)."""
+    from tcexport.exporter import build
+    from tcexport.loader.native_cpu import cpu_flags
+
+    isa = next(i for i in build.ISA_LEVELS if i.name == request.param)
+    tmp = tmp_path_factory.mktemp(f"half-{isa.name}")
+    src = tmp / "half.cpp"
+    src.write_text(f'#include "{PRELUDE}"\n{HALF_WRAPPER}\n')
+    out = tmp / "half.so"
+    flags = [*build.BASE_FLAGS, f"-march={isa.name}", *build.ISA_FLAGS.get(isa.name, ()), "-fopt-info-vec-optimized"]
+    r = subprocess.run(["g++", *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    vectorised = {line.split(":")[1] for line in r.stderr.splitlines() if "loop vectorized" in line}
+    runs = set(isa.requires) <= (cpu_flags() or set())
+    return (ctypes.CDLL(str(out)) if runs else None), vectorised, src, isa.name
+
+
+def _convert(lib, f, x, out_dtype):
+    y = np.empty(x.shape, out_dtype)
+    getattr(lib, f"h_{f}")(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), x.size)
+    return y
+
+
+def _torch_bits(x: np.ndarray, dtype) -> np.ndarray:
+    """PyTorch's (c10's) float32 -> 16-bit float conversion, as bit patterns."""
+    import torch
+
+    return torch.from_numpy(x).to(dtype).view(torch.int16).numpy().view(np.uint16)
+
+
+def _float_probes(halves: np.ndarray) -> np.ndarray:
+    """float32 values where rounding to a 16-bit float is decided: the 16-bit values themselves, the midpoints
+    between neighbours (ties) and one float32 ulp either side of them, and random bit patterns."""
+    finite = np.sort(halves[np.isfinite(halves)].astype(np.float64))
+    mid = ((finite[:-1] + finite[1:]) / 2).astype(np.float32)
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 2**32, 1_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    specials = np.array([np.inf, -np.inf, np.nan, -np.nan, 0.0, -0.0, 3.4e38, 1e-45, 65504.0, 65520.0,
+                         65519.996], np.float32)
+    return np.concatenate([halves.astype(np.float32), mid, np.nextafter(mid, np.float32(np.inf)),
+                           np.nextafter(mid, np.float32(-np.inf)), noise, specials]).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_half_conversions_are_bit_exact(half_lib, kind):
+    import torch
+
+    lib, _, _, isa = half_lib
+    if lib is None:
+        pytest.skip(f"this CPU cannot run {isa}")
+    dtype = getattr(torch, kind)
+    short = "f16" if kind == "float16" else "bf16"
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    want = torch.from_numpy(bits.view(np.int16)).view(dtype).float().numpy()
+    got = _convert(lib, f"{short}_to_float", bits, np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan]), f"{kind} -> float32 on {isa}"
+    assert np.isnan(got[nan]).all()
+
+    x = _float_probes(want)
+    got = _convert(lib, f"float_to_{short}", x, np.uint16)
+    ref = _torch_bits(x, dtype)
+    nan = np.isnan(x)
+    bad = np.flatnonzero((got != ref) & ~nan)
+    assert bad.size == 0, f"float32 -> {kind} on {isa}: {x[bad[:5]]} gave {got[bad[:5]]}, torch {ref[bad[:5]]}"
+    back = torch.from_numpy(got[nan].view(np.int16)).view(dtype).float().numpy()
+    assert np.isnan(back).all(), f"NaN must stay NaN ({kind}, {isa})"
+    assert np.array_equal(got[nan] >> 15, (x[nan].view(np.uint32) >> 31).astype(np.uint16)), "NaN keeps its sign"
+
+
+def test_half_conversion_loops_vectorise(half_lib):
+    """Why the conversions are integer arithmetic and not _Float16: GCC 12 keeps _Float16 loops scalar."""
+    _, vectorised, src, isa = half_lib
+    lines = src.read_text().splitlines()
+    wrappers = {str(k + 1) for k, line in enumerate(lines) if "h_" in line and "extern" in line}
+    assert len(wrappers) == len(HALF_FUNCS) and wrappers <= vectorised, (isa, wrappers, vectorised)

@@ -43,6 +43,56 @@ template <typename T> inline T tc_fpymod(T a, T b) { T r = std::fmod(a, b); retu
 inline float tc_bits_to_float(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline int32_t tc_float_to_bits(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 
+// 16-bit floats are stored as uint16_t bit patterns and computed in float32. The conversions are plain integer
+// and float arithmetic with selects instead of branches, so loops over them vectorise at every ISA level (GCC
+// 12 turns _Float16 casts into libgcc calls on baseline x86-64 and keeps them scalar even with F16C). Rounding
+// is to nearest even, NaN stays NaN (quiet, sign kept), overflow goes to infinity: bit-exact with PyTorch for
+// every value but NaN's payload (tests/test_runtime_math.py checks every 16-bit pattern and ~4M float32s).
+inline float tc_bf16_to_float(uint16_t h) {
+  return tc_bits_to_float(static_cast<int32_t>(static_cast<uint32_t>(h) << 16));
+}
+
+inline uint16_t tc_float_to_bf16(float f) {
+  const uint32_t u = static_cast<uint32_t>(tc_float_to_bits(f));
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+// float16 -> float32 is exact: normals and inf/NaN by rebiasing the exponent, subnormals by one exact float
+// subtraction (m * 2^-24 as (2^-14 + m * 2^-24) - 2^-14).
+inline float tc_f16_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h);
+  const uint32_t sign = (u & 0x8000u) << 16;
+  const uint32_t em = (u & 0x7fffu) << 13;  // exponent and mantissa in their float32 places
+  const uint32_t exp = em & 0x0f800000u;
+  const uint32_t normal = em + ((127u - 15u) << 23);
+  const uint32_t infnan = normal + ((128u - 16u) << 23);
+  const float sub = tc_bits_to_float(static_cast<int32_t>(normal + (1u << 23))) - tc_bits_to_float(113 << 23);
+  const uint32_t subnormal = static_cast<uint32_t>(tc_float_to_bits(sub));
+  const uint32_t r = exp == 0x0f800000u ? infnan : (exp == 0 ? subnormal : normal);
+  return tc_bits_to_float(static_cast<int32_t>(r | sign));
+}
+
+// float32 -> float16: normals round by integer addition on the bits (rebias, add half an ulp minus one, plus
+// the kept lowest bit: ties go to even); below 2^-14 adding 0.5 makes the FPU round to a multiple of 2^-24,
+// the subnormal step; from 65520 up the result is infinity.
+inline uint16_t tc_float_to_f16(float f) {
+  const uint32_t u = static_cast<uint32_t>(tc_float_to_bits(f));
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t sub = static_cast<uint32_t>(tc_float_to_bits(tc_bits_to_float(static_cast<int32_t>(a)) + 0.5f))
+                       - 0x3f000000u;
+  const uint32_t norm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // 0xc8000000: the exponent's -112 << 23
+  const uint32_t big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  const uint32_t r = a >= 0x47800000u ? big : (a < 0x38800000u ? sub : norm);
+  return static_cast<uint16_t>(r | sign);
+}
+
+// A float32 value rounded to the nearest 16-bit float (an explicit cast inside a fused expression).
+inline float tc_round_f16(float f) { return tc_f16_to_float(tc_float_to_f16(f)); }
+inline float tc_round_bf16(float f) { return tc_bf16_to_float(tc_float_to_bf16(f)); }
+
 // exp: x = k ln2 + r, |r| <= ln2/2; exp(r) by a degree-6 polynomial (Cephes expf); 2^k from the exponent bits.
 // Below -87.34 the result is flushed to 0 (the true value is a denormal under 1.2e-38).
 inline float tc_exp(float x) {

@@ -20,16 +20,20 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from claimed_ops import CLAIMED, SAMPLES_PER_OP
+from claimed_ops import CLAIMED, SAMPLES_PER_DTYPE, SAMPLES_PER_OP
 from expected_failures import EXPECTED_FAILURES, XFail
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "bool": torch.bool}
-SUPPORTED = {torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-             torch.bool}
-# (rtol, atol) against eager in the same dtype; a float32 result that misses is still accepted when it is at least
-# as close to the float64 reference as eager's own float32 result is (times a small factor)
-TOLERANCE = {"float32": (1.3e-5, 1e-5), "float64": (1e-7, 1e-7)}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "int64": torch.int64, "bool": torch.bool}
+SUPPORTED = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+             torch.int8, torch.uint8, torch.bool}
+# (rtol, atol) against eager in the same dtype; a float32 / 16-bit float result that misses is still accepted when
+# it is at least as close to the float64 reference as eager's own result is (times a small factor). The 16-bit
+# floats take torch.testing's defaults for them (torch.testing._comparison._DTYPE_PRECISIONS): eager rounds every
+# op's result while fused kernels keep float32 between ops, so the two differ by a rounding or two.
+TOLERANCE = {"float32": (1.3e-5, 1e-5), "float64": (1e-7, 1e-7), "float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
 REF_FACTOR = 4.0
+REFERENCED = ("float32", "float16", "bfloat16")  # dtypes whose cases also get a float64 reference
 WORK = Path(tempfile.mkdtemp(prefix="tcexport-opinfo-"))
 os.environ.setdefault("TCEXPORT_CACHE", str(WORK / "cache"))
 
@@ -116,8 +120,9 @@ def collect(op_names=None, dtypes=None) -> list[Case]:
             for s in info.sample_inputs("cpu", tdt, requires_grad=False):
                 if _usable(s):
                     usable.append(s)
-            picked = [usable[round(k * (len(usable) - 1) / max(SAMPLES_PER_OP - 1, 1))]
-                      for k in range(min(SAMPLES_PER_OP, len(usable)))] if len(usable) > SAMPLES_PER_OP else usable
+            n = SAMPLES_PER_DTYPE.get(dt, SAMPLES_PER_OP)
+            picked = [usable[round(k * (len(usable) - 1) / max(n - 1, 1))]
+                      for k in range(min(n, len(usable)))] if len(usable) > n else usable
             k = 0
             for s in _unique(picked):
                 case = _make_case(op, dt, k, info, s)
@@ -151,7 +156,7 @@ def _make_case_quiet(op, dt, k, info, s) -> Case | None:
     if expected is None:
         return None
     case = Case(op, dt, k, info.op, s, describe(s), [t.clone() for t in expected])
-    if dt in ("float32",):
+    if dt in REFERENCED:
         ref_s = s.transform(_to_float64)
         with torch.no_grad():
             try:
@@ -234,7 +239,7 @@ def run_batch(cases: list[Case], tag: str) -> None:
     except Exception as e:
         return _split_or_record(cases, tag, "export", e)
     try:
-        got = model(*[t.numpy() for t in module.inputs])
+        got = model(*[_loader_array(t) for t in module.inputs])
     except Exception as e:
         return _split_or_record(cases, tag, "run", e)
     got = list(got) if isinstance(got, tuple) else [got]
@@ -243,6 +248,22 @@ def run_batch(cases: list[Case], tag: str) -> None:
         n = len(c.expected)
         c.outcome = compare(c, got[pos:pos + n])
         pos += n
+
+
+def _loader_array(t: torch.Tensor) -> np.ndarray:
+    """An input as the numpy array the loader takes: bfloat16 (no numpy dtype) as its tagged uint16 bits."""
+    from tcexport.loader.dtypes import BFLOAT16
+
+    return t.view(torch.uint16).numpy().view(BFLOAT16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _float64(arr: np.ndarray) -> np.ndarray:
+    """A loader output of a float dtype as float64 (bfloat16 bits widened by hand)."""
+    from tcexport.loader.dtypes import dtype_name
+
+    if dtype_name(arr.dtype) == "bfloat16":
+        return (arr.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return arr.astype(np.float64)
 
 
 def _split_point(cases: list[Case]) -> int:
@@ -262,17 +283,21 @@ def _first_lines(text: str, n: int = 3) -> str:
 def compare(c: Case, got: list) -> str:
     if len(got) != len(c.expected):
         return f"mismatch: {len(got)} outputs, eager has {len(c.expected)}"
+    from tcexport.loader.dtypes import dtype_name
+
     for k, (g, w) in enumerate(zip(got, c.expected)):
         g = np.asarray(g)
-        w_np = w.numpy()
-        if g.shape != w_np.shape or g.dtype != w_np.dtype:
-            return f"mismatch: output {k} is {g.dtype}{list(g.shape)}, eager gives {w_np.dtype}{list(w_np.shape)}"
+        got_dtype, want_dtype = dtype_name(g.dtype), str(w.dtype).replace("torch.", "")
+        if g.shape != tuple(w.shape) or got_dtype != want_dtype:
+            return f"mismatch: output {k} is {got_dtype}{list(g.shape)}, eager gives {want_dtype}{list(w.shape)}"
         if w.is_floating_point():
-            ref = c.reference[k].numpy() if c.reference is not None else None
-            msg = _close(g, w_np, ref, str(w_np.dtype))
+            ref = c.reference[k].double().numpy() if c.reference is not None else None
+            msg = _close(_float64(g), w.double().numpy(), ref, want_dtype)
             if msg:
                 return f"mismatch: output {k}: {msg}"
-        elif not np.array_equal(g, w_np):
+            continue
+        w_np = w.numpy()
+        if not np.array_equal(g, w_np):
             bad = np.argwhere(g != w_np)[:3].tolist()
             return f"mismatch: output {k} differs (exact dtype {w_np.dtype}) at {bad}"
     return "pass"
@@ -284,15 +309,15 @@ def _close(got, want, ref, dtype: str) -> str | None:
     if ok.all():
         return None
     if ref is not None:
-        ours = np.abs(got.astype(np.float64) - ref)
-        theirs = np.abs(want.astype(np.float64) - ref)
+        ours = np.abs(got - ref)
+        theirs = np.abs(want - ref)
         near = (ours <= REF_FACTOR * theirs + atol + rtol * np.abs(ref)) | (np.isnan(got) & np.isnan(ref))
         ok = ok | near
         if ok.all():
             return None
     bad = np.argwhere(~ok)
     where = tuple(bad[0])
-    diff = np.nanmax(np.abs(got.astype(np.float64) - want)[~ok]) if want.size else math.nan
+    diff = np.nanmax(np.abs(got - want)[~ok]) if want.size else math.nan
     return f"{len(bad)} of {want.size} elements off (max |diff| {diff:.3g}); first at {list(where)}: " \
            f"got {got[where]!r}, eager {want[where]!r}"
 
