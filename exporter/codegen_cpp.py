@@ -459,39 +459,59 @@ class CppKernelWriter:
     # --- GEMM kernels ---------------------------------------------------------------------------------
 
     def _gemm(self, k: Kernel) -> list[str]:
+        """One BLAS call in the accumulation dtype. 16-bit float operands are widened into float32 scratch first
+        (BLAS has no 16-bit GEMM); a product stored in another dtype (an absorbed rounding cast) goes through
+        float scratch that the epilogue reads."""
         node = k.stages[0].node
         g = node.gemm
-        dtype = node.out.dtype
-        assert dtype in GEMM_ROUTINES, f"{node.name}: BLAS has no {dtype} GEMM (lowering widens 16-bit floats)"
-        fn, t = GEMM_ROUTINES[dtype], CTYPE[dtype]
+        acc = g.acc_dtype
+        fn, t = GEMM_ROUTINES[acc], CTYPE[acc]
+        lines: list[str] = []
+        a_ptr = self._gemm_input(g.a, acc, lines, "tc_wa")
+        b_ptr = self._gemm_input(g.b, acc, lines, "tc_wb")
         ta, lda = self._operand(g.a, g.m, g.k)
         tb, ldb = self._operand(g.b, g.k, g.n)
         out = node.out.name
-        lines = [
+        if node.out.dtype != acc:
+            assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
+            lines.append(f"  std::vector<{t}> tc_acc(static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
+            out = "tc_acc.data()"
+        lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
-            f"               {'true' if ta == 'kTrans' else 'false'}, {g.a.buffer} + {cindex(g.a.offset)}, {lda}, "
-            f"{cindex(g.a.batch_stride)},",
-            f"               {'true' if tb == 'kTrans' else 'false'}, {g.b.buffer} + {cindex(g.b.offset)}, {ldb}, "
-            f"{cindex(g.b.batch_stride)}, {out});",
+            f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(g.a.batch_stride)},",
+            f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(g.b.batch_stride)}, {out});",
         ]
         if node.body is not None:
-            lines += self._epilogue(node)
+            lines += self._epilogue(node, "tc_acc" if node.out.dtype != acc else None)
         return lines
+
+    def _gemm_input(self, op: ir.GemmOperand, acc: str, lines: list, scratch: str) -> str:
+        """The operand's base pointer for BLAS; a 16-bit float buffer is widened to ``acc`` in scratch first."""
+        buf = self.prog.buffers[op.buffer]
+        if buf.dtype == acc:
+            return f"{op.buffer} + {cindex(op.offset)}"
+        widen = HALF_CONVERSIONS[buf.dtype][0]
+        n = cindex(buf.numel())
+        lines += [f"  std::vector<{CTYPE[acc]}> {scratch}(static_cast<size_t>({n}));",
+                  "  #pragma omp simd",
+                  f"  for (int64_t i = 0; i < {n}; ++i) {scratch}[i] = {widen}({op.buffer}[i]);"]
+        return f"{scratch}.data() + {cindex(op.offset)}"
 
     def _operand(self, op: ir.GemmOperand, rows, cols) -> tuple[str, str]:
         if op.col_stride == 1:
             return "kNoTrans", f"std::max<int64_t>({cindex(op.row_stride)}, std::max<int64_t>(1, {cindex(cols)}))"
         return "kTrans", f"std::max<int64_t>({cindex(op.col_stride)}, std::max<int64_t>(1, {cindex(rows)}))"
 
-    def _epilogue(self, node: ir.Node) -> list[str]:
+    def _epilogue(self, node: ir.Node, acc: str | None = None) -> list[str]:
+        """The epilogue over the GEMM's output; the product is read from ``acc`` scratch when given."""
         rank = len(node.ranges)
         ivars = [f"i{d}" for d in range(rank)]
         collapse = max(rank - 1, 1)
 
         def element(indent: str) -> list[str]:
-            em = Emitter(self.prog, {}, indent, self.names)
-            val = em.emit(_without_final_round(node.body, node.out.dtype))
             flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
+            em = Emitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
+            val = em.emit(_without_final_round(node.body, node.out.dtype))
             return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
 
         def body(indent: str) -> list[str]:

@@ -625,7 +625,7 @@ class TritonWriter:
         a_dtype = self.prog.buffers[g.a.buffer].dtype
         cfg = gemm_config(a_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
-        acc_t = "tl.float64" if dtype == "float64" else "tl.float32"
+        acc_t = TL_TYPE[g.acc_dtype]
         precision = ', input_precision="ieee"' if a_dtype in ("float32", "float64") else ""
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind = "    "
@@ -664,9 +664,9 @@ class TritonWriter:
         if node.body is not None:
             rank = len(node.ranges)
             lines += self._decompose("flat", node.ranges, "i", ind)
-            here = ir.Load(dtype, node.out.name, tuple(ir.ivar(d) for d in range(rank)))
+            here = ir.Load(g.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(rank)))  # see ir.Gemm
             em = Emitter(self, {}, ind, "mask")
-            em.memo[here] = "acc" if compute_dtype(dtype) in ("float32", "float64") else "acc.to(tl.float32)"
+            em.memo[here] = "acc"
             val = em.tensor(node.body)
             lines += em.lines
         lines.append(f"{ind}tl.store({node.out.name} + flat, {self._stored(val, dtype)}, mask=mask)")

@@ -2,7 +2,7 @@
 
 Three generic passes, in order:
   1. epilogues: a pointwise node that is the only reader of a GEMM's output, element for element, becomes the
-     GEMM's epilogue (bias, activation, residual); chains of such nodes follow.
+     GEMM's epilogue (bias, activation, residual, the rounding cast of a 16-bit float product); chains follow.
   2. inlining: a pointwise node is substituted into its readers' bodies unless it must exist in memory (a graph
      output, a GEMM operand) or inlining would recompute it per broadcast element.
   3. grouping: nodes that iterate the same rows join one loop kernel — reductions over the same inner range,
@@ -135,14 +135,15 @@ def absorb_epilogues(prog: ir.Program) -> None:
             if g.out.kind == "output" or len(readers) != 1:
                 continue
             p = readers[0]
-            if p.kind != "pointwise" or p.out.dtype != g.out.dtype \
+            acc = g.gemm.acc_dtype
+            if p.kind != "pointwise" or (p.out.dtype != g.out.dtype and g.out.dtype != acc) \
                     or not ir.same_size(ir.product(p.ranges), ir.product(g.ranges)) \
                     or not _same_element_loads(p, g.out) or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer):
                 continue
             # p reads the GEMM's result element for element (possibly through a contiguous reshape), so the
             # GEMM can store straight into p's buffer; the epilogue iterates p's shape.
             ident = tuple(ir.ivar(k) for k in range(len(p.ranges)))
-            here = ir.Load(g.out.dtype, p.out.name, ident)
+            here = ir.Load(acc, p.out.name, ident)  # the accumulated product (see ir.Gemm)
             result = here
             if g.body is not None:  # the earlier epilogue, moved into p's index space through p's own read
                 at = next(ld.index for ld in ir.loads(p.body) if ld.buffer == g.out.name)
@@ -151,7 +152,7 @@ def absorb_epilogues(prog: ir.Program) -> None:
                                        else v)
             body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
                                  else v)
-            g.body = None if body == ir.Load(g.out.dtype, p.out.name, ident) else body
+            g.body = None if body == here and p.out.dtype == acc else body
             del prog.buffers[g.out.name]
             g.out = p.out
             prog.nodes.remove(g)

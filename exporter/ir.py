@@ -258,7 +258,10 @@ class GemmOperand:
 
 @dataclass
 class Gemm:
-    """out[b, m, n] = sum_k a[b, m, k] * b[b, k, n]; the output is always contiguous."""
+    """out[b, m, n] = sum_k a[b, m, k] * b[b, k, n]; the output is always contiguous. Products accumulate in
+    ``acc_dtype`` (float32, or float64), whatever the operands' dtype (16-bit floats are read as they are); in
+    an epilogue, Load(out, i...) is the accumulated value in ``acc_dtype`` even when ``out`` is stored in
+    another dtype (a rounding cast absorbed into the epilogue)."""
 
     a: GemmOperand
     b: GemmOperand
@@ -266,6 +269,7 @@ class Gemm:
     m: sympy.Expr
     n: sympy.Expr
     k: sympy.Expr
+    acc_dtype: str = "float32"
 
 
 @dataclass

@@ -417,34 +417,21 @@ def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> Tensor
 
 
 def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
-    """A GEMM node computing a @ b in the dtype BLAS has for val's dtype. BLAS has no 16-bit float GEMM, so
-    16-bit operands are widened to float32 buffers and the float32 product is returned (PyTorch's CPU GEMM
-    also accumulates those in float32); the caller rounds it once, after any epilogue it adds."""
+    """A GEMM node computing a @ b, accumulated in float32 for 16-bit float operands (float64 for float64). The
+    operands stay in their own dtype (each backend reads them as it can: Triton's tl.dot natively, the C++
+    backend widens them for sgemm); the product is returned in the accumulation dtype and the caller rounds it
+    once, after any epilogue it adds."""
     out = torch_dtype_name(val.dtype)
     compute = ir.compute_dtype(out)
     if compute not in ("float32", "float64"):
         raise NotImplementedError(f"matrix product in {out}")
-    if compute != out:
-        a, b = _widened(low, a, compute, batched), _widened(low, b, compute, batched)
     shape = _shape(low, val)
     ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
     buf = low.new_buffer(compute, shape)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
-    gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k)
+    gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k, acc_dtype=compute)
     low.nodes.append(ir.Node(low.fresh("n"), "gemm", buf, gemm=gemm, source=low.source()))
     return identity_ref(buf)
-
-
-def _widened(low: Lowering, x: TensorRef, dtype: str, batched: bool) -> TensorRef:
-    """x converted to ``dtype`` in a buffer of its own (a GEMM operand; never inlined). A strided view of a
-    whole buffer (a transposed weight) converts the buffer in its own order, so the conversion reads
-    contiguously, and keeps the view; any other view is converted into a contiguous copy."""
-    buf = x.buffer
-    whole = _strided(x, batched) is not None and ir.same_size(ir.product(x.shape), buf.numel())
-    if not whole:
-        return low.pointwise(x.shape, dtype, _cast(x.load(_idx(len(x.shape))), dtype))
-    wide = low.pointwise(buf.shape, dtype, _cast(identity_ref(buf).load(_idx(len(buf.shape))), dtype))
-    return TensorRef(wide.buffer, x.shape, x.index)
 
 
 @register(aten.mm)

@@ -73,7 +73,7 @@ def stage_plan(st: State) -> str:
 
 
 def stage_codegen(st: State) -> str:
-    dtypes = {s.node.out.dtype for k in st.kernels if k.kind == "gemm" for s in k.stages}
+    dtypes = {s.node.gemm.acc_dtype for k in st.kernels if k.kind == "gemm" for s in k.stages}
     st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
     st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas)
     return st.cpp

@@ -84,6 +84,30 @@ def _interpreting():
             os.environ["TRITON_INTERPRET"] = old
 
 
+def _patch_bf16_dot() -> None:
+    """The interpreter multiplies bfloat16 dot operands as their raw uint16 bits (Triton 3.9); widen them to
+    float32 first, which is what the GPU's bf16 MMA computes with float32 accumulation."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_tcexport", False):
+        return
+    original = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        import triton.language as tl
+
+        def widen(h):
+            if h.dtype == tl.bfloat16:
+                return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            return h
+
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot._tcexport = True
+    builder.create_dot = create_dot
+
+
 def load_module(source: str):
     """Import generated Triton source in interpreter mode, with numpy libdevice."""
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
@@ -97,6 +121,7 @@ def load_module(source: str):
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        _patch_bf16_dot()
     module.libdevice = _NumpyLibdevice()
     return module
 
@@ -196,6 +221,13 @@ def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -
         return outs
 
 
+def _retag(a: np.ndarray, dtype: str) -> np.ndarray:
+    """.npy files drop the loader's bfloat16 tag on uint16 bits; put it back for a bfloat16 input."""
+    from tcexport.loader.dtypes import numpy_dtype
+
+    return a.view(numpy_dtype("bfloat16")) if dtype == "bfloat16" and a.dtype == np.uint16 else a
+
+
 def _main(argv: list[str]) -> int:
     from tcexport.formats.errors import TcError
 
@@ -203,7 +235,8 @@ def _main(argv: list[str]) -> int:
     try:
         pkg = InterpretedPackage(path)
         for c in range(n_cases):
-            inputs = [np.load(folder / f"case{c}_in{k}.npy") for k in range(len(pkg.manifest.inputs))]
+            inputs = [_retag(np.load(folder / f"case{c}_in{k}.npy"), spec.dtype)
+                      for k, spec in enumerate(pkg.manifest.inputs)]
             for k, o in enumerate(pkg.run(*inputs)):
                 np.save(folder / f"case{c}_out{k}.npy", o)
     except TcError as e:

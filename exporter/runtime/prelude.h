@@ -12,6 +12,7 @@
 #include <exception>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include <omp.h>
 
