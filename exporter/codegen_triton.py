@@ -150,6 +150,7 @@ class Launch:
     num_warps: int
     num_stages: int
     source: str = ""
+    index_bits: int = 32  # width of index arithmetic, and of the symbol parameters
 
     def describe(self) -> str:
         grid = ", ".join(map(str, self.grid))
@@ -177,11 +178,13 @@ def upper_bound(e, bounds: dict) -> int | None:
         return None
 
 
-def index_bits(prog: ir.Program) -> int:
-    """32-bit index arithmetic when every buffer provably has fewer than 2**31 elements, else 64-bit."""
+def index_bits(prog: ir.Program, buffers=None) -> int:
+    """32-bit index arithmetic when every buffer a kernel touches provably has fewer than 2**31 elements (over
+    the symbols' ranges), else 64-bit. Decided per kernel: one huge buffer (GPT-2's logits at the largest
+    batch and sequence) must not slow every other kernel down."""
     bounds = symbol_bounds(prog)
-    for buf in prog.buffers.values():
-        hi = upper_bound(buf.numel(), bounds)
+    for name in (prog.buffers if buffers is None else buffers):
+        hi = upper_bound(prog.buffers[name].numel(), bounds)
         if hi is None or hi > INT32_LIMIT:
             return 64
     return 32
@@ -435,12 +438,12 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
 class TritonWriter:
     def __init__(self, prog: ir.Program):
         self.prog = prog
-        self.bits = index_bits(prog)
         self.bounds = symbol_bounds(prog)
-        self.itype = "tl.int32" if self.bits == 32 else "tl.int64"
-        self.sym_type = "i32" if self.bits == 32 else "i64"
 
     def kernel(self, k: Kernel, kernel_id: int) -> Launch:
+        touched = {b for s in k.stages for b in s.node.inputs() | {s.node.out.name}}
+        self.bits = index_bits(self.prog, touched)
+        self.sym_type = "i32" if self.bits == 32 else "i64"
         self.names = itertools.count()
         self.used: set = set()
         self.checked = False
@@ -461,7 +464,7 @@ class TritonWriter:
         head = [f"# {line}" for line in str(k).splitlines()]
         args = ", ".join(names + [f"{c}: tl.constexpr" for c in constexprs])
         src = "\n".join(head + ["@triton.jit", f"def {k.name}({args}):"] + body) + "\n"
-        return Launch(k.name, params, signature, constexprs, grid, warps, stages, src)
+        return Launch(k.name, params, signature, constexprs, grid, warps, stages, src, self.bits)
 
     def _ub(self, e) -> int | None:
         return upper_bound(e, self.bounds)
@@ -691,4 +694,4 @@ def generate(prog: ir.Program, kernels: list[Kernel]) -> TritonModule:
     writer = TritonWriter(prog)
     launches = [writer.kernel(k, i) for i, k in enumerate(kernels)]
     source = "\n\n".join([PRELUDE] + [l.source for l in launches])
-    return TritonModule(source, launches, writer.bits)
+    return TritonModule(source, launches, max([l.index_bits for l in launches], default=32))

@@ -87,6 +87,7 @@ class Launch:
     block: dict           # the constexpr block sizes it was compiled with (informational)
     num_warps: int
     num_stages: int
+    index_bits: int = 32  # the width of its symbol parameters (32 or 64)
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _bundle_json(k: KernelBundle) -> dict:
 def _cuda_json(c: CudaPlan) -> dict:
     return {"triton": c.triton, "index_bits": c.index_bits,
             "launches": [{"name": l.name, "params": [dict(p) for p in l.params], "grid": list(l.grid),
-                          "block": dict(l.block), "num_warps": l.num_warps, "num_stages": l.num_stages}
+                          "block": dict(l.block), "num_warps": l.num_warps, "num_stages": l.num_stages,
+                          "index_bits": l.index_bits}
                          for l in c.launches]}
 
 
@@ -340,9 +342,12 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
             raise FormatError(f"manifest: {where}.grid should have 3 expressions, found {len(grid)}")
         for g in grid:
             ex.validate(g, symbols, f"manifest: {where}.grid")
+        bits = l.get("index_bits", c.get("index_bits"))
+        if bits not in (32, 64):
+            raise FormatError(f"manifest: {where}.index_bits should be 32 or 64, found {bits!r}")
         launches.append(Launch(name=_need(l, "name", str, where), params=tuple(params), grid=tuple(grid),
                                block=dict(_need(l, "block", dict, where)),
                                num_warps=_need(l, "num_warps", int, where),
-                               num_stages=_need(l, "num_stages", int, where)))
+                               num_stages=_need(l, "num_stages", int, where), index_bits=bits))
     return CudaPlan(triton=_need(c, "triton", str, "cuda"), index_bits=_need(c, "index_bits", int, "cuda"),
                     launches=tuple(launches))

@@ -158,6 +158,7 @@ class _Kernel:
     shared: int
     params: tuple
     grid: tuple
+    symbol_kind: str  # "i32" or "i64": how its symbol parameters are passed
 
 
 @dataclass
@@ -180,14 +181,13 @@ class CudaModel:
         self.graphs = graphs
         self.check_indices = check_indices
         self._plan = GuardPlan(m)
-        self._sym_kind = "i32" if m.cuda.index_bits == 32 else "i64"
         self._modules = []
         self._kernels = []
         for launch, cubin in zip(m.cuda.launches, self.bundle.cubins):
             module, fn = device.load_function(archive.read(cubin.file), cubin.function, cubin.shared)
             self._modules.append(module)
             self._kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
-                                         launch.grid))
+                                         launch.grid, "i32" if launch.index_bits == 32 else "i64"))
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
         self._error = device.alloc(4)
@@ -265,7 +265,7 @@ class CudaModel:
                 kind, v = p["kind"], p["value"]
                 if kind == "symbol":
                     values.append(env[v])
-                    kinds.append(self._sym_kind)
+                    kinds.append(k.symbol_kind)
                     continue
                 ptr = {"input": lambda: inputs[v], "weight": lambda: self._weight_ptrs[v],
                        "output": lambda: outputs[v], "error": lambda: self._error,

@@ -149,7 +149,7 @@ def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
                     param["dtype"] = prog.buffers[value].dtype
             params.append(param)
         launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
-                               dict(launch.constexprs), launch.num_warps, launch.num_stages))
+                               dict(launch.constexprs), launch.num_warps, launch.num_stages, launch.index_bits))
     bundles = []
     for arch, cubins in st.cubins.items():
         files = []
