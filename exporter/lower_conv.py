@@ -194,19 +194,21 @@ def _adaptive_avg_pool2d(low, node, val, x, output_size):
 def _batch_norm_eval(low, node, val, x, weight, bias, mean, var, momentum, eps):
     """Eval-mode batch norm as y = x * scale[c] + shift[c]: scale and shift are computed once per call from the
     running statistics (C elements), and the per-element part is two ops that fusion moves into the producer's
-    kernel (a convolution's epilogue)."""
+    kernel (a convolution's epilogue). For 16-bit floats scale, shift and x * scale + shift stay in float32 and
+    round once at the output, as PyTorch's CPU kernel does (rounding scale/shift too is a few ulp off eager)."""
     shape, out = _shape(low, val[0]), torch_dtype_name(val[0].dtype)
+    acc = ir.compute_dtype(out)
     c = (mean.shape[0],)
     i = (ir.ivar(0),)
-    scale = ir.Op(out, "rsqrt", (ir.Op(out, "add", (_cast(var.load(i), out), ir.Const(out, float(eps)))),))
+    scale = ir.Op(acc, "rsqrt", (ir.Op(acc, "add", (_cast(var.load(i), acc), ir.Const(acc, float(eps)))),))
     if weight is not None:
-        scale = ir.Op(out, "mul", (scale, _cast(weight.load(i), out)))
-    scale = low.pointwise(c, out, scale)
-    shift = ir.Op(out, "neg", (ir.Op(out, "mul", (_cast(mean.load(i), out), scale.load(i))),))
+        scale = ir.Op(acc, "mul", (scale, _cast(weight.load(i), acc)))
+    scale = low.pointwise(c, acc, scale)
+    shift = ir.Op(acc, "neg", (ir.Op(acc, "mul", (_cast(mean.load(i), acc), scale.load(i))),))
     if bias is not None:
-        shift = ir.Op(out, "add", (shift, _cast(bias.load(i), out)))
-    shift = low.pointwise(c, out, shift)
+        shift = ir.Op(acc, "add", (shift, _cast(bias.load(i), acc)))
+    shift = low.pointwise(c, acc, shift)
     ch = [ir.ivar(1)] if len(shape) > 1 else [ir.ivar(0)]
-    y = ir.Op(out, "add", (ir.Op(out, "mul", (_cast(x.load(_idx(len(shape))), out), scale.load(ch))),
+    y = ir.Op(acc, "add", (ir.Op(acc, "mul", (_cast(x.load(_idx(len(shape))), acc), scale.load(ch))),
                            shift.load(ch)))
-    return [low.pointwise(shape, out, y), None, None]
+    return [low.pointwise(shape, out, _cast(y, out)), None, None]

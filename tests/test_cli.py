@@ -38,6 +38,38 @@ def test_export_json_dump_and_verify(tmp_path):
     assert "tc_run" in (dump / "model.cpp").read_text()
 
 
+def test_verify_bfloat16_model(tmp_path):
+    """A bfloat16 model: inputs cross to the torch-free runner as tagged uint16 bits, outputs are compared as
+    bfloat16 (within its tolerance), at the example and at both ends of the batch range."""
+    r = tcexport(MODELS / "mlp_bf16.py", "-o", tmp_path / "bf16.tcpkg", "--json", "--verify")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)["verify"]
+    assert report["ok"] and report["torch_loaded_in_runner"] is False
+    assert [(c["case"], c["dtype"], c["shape"]) for c in report["cases"]] == [
+        ("example", "bfloat16", [8, 32]), ("batch=1", "bfloat16", [1, 32]), ("batch=1024", "bfloat16", [1024, 32])]
+    assert all(0 < v < 1 for v in report["cases"][0]["sample"])   # softmax values, not raw uint16 bits
+
+
+def test_verify_half_comparison_rules():
+    """16-bit floats: within torch.testing's tolerance of eager, or as close to float64 as eager is; a result
+    far from both fails; a dtype without a tolerance (int64) compares exactly."""
+    from tcexport.exporter.verify import _compare
+    from tcexport.loader.dtypes import BFLOAT16
+
+    def bf16(values):   # float32 -> bfloat16 bits (truncation is exact for these values)
+        return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16).view(BFLOAT16)
+
+    want = bf16([1.0, 0.5])
+    assert _compare("c", 0, [], bf16([1.0078125, 0.5]), want, lambda: None)["ok"]    # 1 ulp: rtol 1.6e-2
+    assert not _compare("c", 0, [], bf16([1.5, 0.5]), want, lambda: None)["ok"]
+    ref = [np.array([1.40625, 0.5])]   # eager is far from the true value: the package may be as far
+    assert _compare("c", 0, [], bf16([1.5, 0.5]), want, lambda: ref)["ok"]
+    f16 = np.array([1.0, 2.0], np.float16)
+    assert not _compare("c", 0, [], f16 + np.float16(0.01), f16, lambda: None)["ok"]   # rtol 1e-3
+    assert _compare("c", 0, [], np.array([3], np.int64), np.array([3], np.int64), lambda: None)["ok"]
+    assert not _compare("c", 0, [], np.array([3], np.int64), np.array([4], np.int64), lambda: None)["ok"]
+
+
 def test_dynamic_flag_overrides_and_progress(tmp_path):
     model = tmp_path / "m.py"
     model.write_text((MODELS / "attention.py").read_text().replace("dynamic_shapes =", "_unused ="))

@@ -1,4 +1,4 @@
-"""Input/output conversion: numpy passes, torch tensors go through DLPack and come back as torch."""
+"""Input/output conversion: numpy passes, torch tensors go through .numpy() and come back through from_numpy."""
 
 import numpy as np
 import pytest
@@ -63,3 +63,30 @@ def test_torch_bfloat16_and_bool():
 def test_numpy_only_calls_get_numpy_back():
     arrays, as_torch = convert_inputs([np.zeros(2)], ["x"])
     assert not as_torch and convert_outputs(arrays, as_torch)[0] is arrays[0]
+
+
+def test_torch_off_cpu_is_a_target_error():
+    torch = pytest.importorskip("torch")
+    from tcexport.formats.errors import TargetError
+    with pytest.raises(TargetError, match="input 'x' is on device meta"):
+        convert_inputs([np.zeros(2), torch.empty(2, device="meta")], ["y", "x"])
+
+
+def test_torch_grad_bf16_and_lazy_views_are_resolved():
+    torch = pytest.importorskip("torch")
+    g = torch.tensor([1.0, -2.0], dtype=torch.bfloat16, requires_grad=True)
+    c = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64).conj()   # conjugate bit set: numpy() refuses it
+    n = torch._neg_view(torch.tensor([1 + 1j], dtype=torch.complex64))   # negative bit set
+    arrays, as_torch = convert_inputs([g, c, n], ["g", "c", "n"])
+    assert as_torch and dtype_name(arrays[0].dtype) == "bfloat16"
+    assert torch.equal(convert_outputs([arrays[0]], True)[0], g.detach())
+    np.testing.assert_array_equal(arrays[1], np.array([1 - 2j, 3 + 1j], np.complex64))
+    np.testing.assert_array_equal(arrays[2], np.array([-1 - 1j], np.complex64))
+
+
+def test_torch_outputs_keep_dtype_for_every_untagged_dtype():
+    torch = pytest.importorskip("torch")
+    for dt in (np.float32, np.float16, np.int64, np.int32, np.uint8, np.bool_):
+        a = np.zeros(3, dt)
+        out = convert_outputs([a], True)[0]
+        assert out.numpy().dtype == a.dtype and out.data_ptr() == a.ctypes.data   # zero copy

@@ -29,12 +29,6 @@ EXPECTED_FAILURES: list[XFail] = [
     XFail("nn.functional.batch_norm", "bfloat16", "*args=(bfloat16[[][!0]*training=True*",
           "training-mode batch norm with running statistics updates them in place (an input mutation); "
           "export raises UnsupportedOpError"),
-    XFail("nn.functional.batch_norm", "float16", "*training=False,momentum=-1.0,eps=0.5*",
-          "eval batch norm (lower_conv._batch_norm_eval) stores its per-channel scale and shift in the input "
-          "dtype; in 16-bit floats that extra rounding is a few ulp off eager, which keeps them in float32"),
-    XFail("nn.functional.batch_norm", "bfloat16", "*training=False,momentum=-1.0,eps=0.5*",
-          "eval batch norm (lower_conv._batch_norm_eval) stores its per-channel scale and shift in the input "
-          "dtype; in 16-bit floats that extra rounding is a few ulp off eager, which keeps them in float32"),
     XFail("nn.functional.embedding", None, "*max_norm=*",
           "max_norm renormalises the weight in place (aten.embedding_renorm): UnsupportedOpError"),
     XFail("narrow", None, "*args=(*int64[]*",
