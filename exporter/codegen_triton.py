@@ -389,16 +389,22 @@ class LoopConfig:
     num_warps: int
 
 
-def loop_config(rows_max: int | None, inner_static: int | None) -> LoopConfig:
-    """Heuristics: a pointwise kernel takes 1024 elements a program (4 warps, 8 per thread). A row whose static
-    length fits 4096 elements is reduced in one tile (persistent); otherwise a 1024-wide tile loops over it.
-    Short rows share a program (XBLOCK rows) so a program still holds about 2048 elements."""
+def loop_config(rows_max: int | None, inner_static: int | None, inner_max: int | None = None) -> LoopConfig:
+    """Heuristics (measured on an H200 with GPT-2 small's rows): a row whose static length fits 4096 elements is
+    reduced in one tile (persistent), several rows a program so a program holds about 2048 elements; a row of
+    symbolic length loops over 128-wide chunks, 8 rows a program (a 1024-wide tile, one row a program, ran
+    GPT-2's 128-long softmax rows 8x slower); one bounded by 128 is persistent at its bound."""
     if inner_static is not None and inner_static <= 4096:
         rblock = next_pow2(inner_static)
         xblock = max(1, min(2048 // rblock, 64))
         if rows_max is not None:
             xblock = min(xblock, next_pow2(rows_max))
         return LoopConfig(xblock, rblock, True, 8 if rblock * xblock >= 4096 else 4)
+    if inner_static is None and inner_max is not None and inner_max <= 128:
+        rblock = next_pow2(inner_max)
+        return LoopConfig(max(1, min(1024 // rblock, 64)), rblock, True, 4)
+    if inner_static is None:
+        return LoopConfig(8, 128, False, 4)
     return LoopConfig(1, 1024, False, 8)
 
 
@@ -413,11 +419,18 @@ class GemmConfig:
 
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
-    """Heuristics, no measurement: half types take 64x128x64 tiles (8 warps, 3 stages), float32 64x64x32,
-    float64 32x32x16. A small M (at most 16 or 32 rows) shrinks BM so few-token calls do not waste the tile; a
-    small N or K shrinks BN / BK the same way (tl.dot needs at least 16)."""
+    """Heuristics, from a sweep of this template on an H200 over GPT-2 small's GEMMs (M 128 and 1024; N 768 to
+    50257; K 768, 3072) and its attention products: for 16-bit floats, 64x64x128 tiles (4 warps, 3 stages) when N
+    is at most 1024, 64x128x64 up to 16K columns, 128x128x64 with 8 warps for a vocabulary-sized N. float32
+    (full-precision dots) takes 64x64x32, float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs
+    at least 16); BK never exceeds what K needs."""
     if dtype in HALF:
-        bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
+        if n_max is not None and n_max <= 1024:
+            bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
+        elif n_max is not None and n_max <= 16384:
+            bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
+        else:
+            bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
     elif dtype == "float32":
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3
     else:
@@ -489,7 +502,7 @@ class TritonWriter:
             xblock = min(1024, next_pow2(size)) if size is not None else 1024
             cfg = LoopConfig(xblock, 1, True, 4 if xblock >= 512 else (2 if xblock >= 128 else 1))
         else:
-            cfg = loop_config(self._ub(rows), inner_static)
+            cfg = loop_config(self._ub(rows), inner_static, self._ub(inner))
         pid = "tl.program_id(0)" + (".to(tl.int64)" if self.bits == 64 else "")
         ind = "    "
         lines = [f"{ind}xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)" + ("[:, None]" if k.inner else "")]

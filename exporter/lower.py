@@ -251,6 +251,7 @@ _SYM_OPS = {
     operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
     operator.floordiv: lambda a, b: FloorDiv(a, b), operator.neg: lambda a: -a,
     operator.getitem: lambda a, k: a[k],
+    torch.sym_float: lambda a: a,  # a size used as a float (layer_norm over a symbolic dim): still exact
 }
 
 

@@ -178,3 +178,27 @@ def test_bfloat16_kernels_match_eager_in_the_interpreter(name, path, shape):
     with torch.no_grad():
         want = module.double()(x.double() if x.is_floating_point() else x)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+class _RowOps(torch.nn.Module):
+    """Reductions over a symbolic row longer than one chunk: softmax, layer norm, argmax, cumulative max."""
+
+    def forward(self, x):
+        return torch.softmax(x * 0.5, dim=-1), torch.nn.functional.layer_norm(x, x.shape[-1:]), x.argmax(-1), \
+            x.amax(-1) - x.mean(-1)
+
+
+def test_long_symbolic_rows_loop_over_chunks_in_the_interpreter():
+    x = torch.randn(3, 300)
+    pkg = export(_RowOps(), (x,), {"x": {0: ("rows", 1, 64), 1: ("cols", 2, 4096)}}, "cuda:sm_90",
+                 name="rowops", cache_dir=WORK / "cache")
+    path = WORK / "rowops-cuda.tcpkg"
+    pkg.save(path)
+    assert any(l.block.get("RBLOCK") == 128 and l.block.get("XBLOCK") == 8 for l in pkg.manifest.cuda.launches)
+    rng = np.random.default_rng(4)
+    cases = [[rng.standard_normal((5, 300)).astype(np.float32)], [rng.standard_normal((2, 129)).astype(np.float32)]]
+    for (xs,), got in zip(cases, run_interpreted(path, cases)):
+        with torch.no_grad():
+            want = _RowOps()(torch.from_numpy(xs).double())
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.astype(np.float64), w.numpy(), rtol=1e-4, atol=1e-5)
