@@ -14,7 +14,8 @@ import json
 import os
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,10 +57,11 @@ def triton_version() -> str:
     return triton.__version__
 
 
-def _load_module(source: str, folder: Path):
+def _load_module(source: str, folder: Path, write: bool = True):
     """Import the generated source from a real file: Triton reads a kernel's source through ``inspect``."""
     path = folder / f"{MODULE_NAME}.py"
-    path.write_text(source)
+    if write:
+        path.write_text(source)
     spec = importlib.util.spec_from_file_location(f"{MODULE_NAME}_{hashlib.sha256(source.encode()).hexdigest()[:12]}",
                                                   path)
     module = importlib.util.module_from_spec(spec)
@@ -121,8 +123,6 @@ def _cache_key(source: str, launch: Launch, arch: int) -> str:
 def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dict[int, list[Cubin]]:
     """Every kernel for every arch, in launch order; cached by content."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    import triton
-
     cache = cache_dir / "cuda"
     cache.mkdir(parents=True, exist_ok=True)
     out: dict[int, list[Cubin]] = {}
@@ -140,22 +140,40 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
                 out.setdefault(arch, []).append(None)
                 todo.append((arch, len(out[arch]) - 1, launch, key))
     if todo:
-        previous = triton.knobs.compilation.disable_line_info
-        triton.knobs.compilation.disable_line_info = True
-        try:
-            with tempfile.TemporaryDirectory(prefix="tcexport-triton-") as tmp:
-                mod = _load_module(module.source, Path(tmp))
-                with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-                    futures = [(arch, i, key, pool.submit(_compile_one, mod, launch, arch))
-                               for arch, i, launch, key in todo]
-                    for arch, i, key, f in futures:
-                        c = f.result()
-                        out[arch][i] = c
-                        write_atomically(cache / f"{key}.cubin", c.data)
-                        write_atomically(cache / f"{key}.json", json.dumps(
-                            {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
-                             "global_scratch": c.global_scratch,
-                             "global_scratch_align": c.global_scratch_align}).encode())
-        finally:
-            triton.knobs.compilation.disable_line_info = previous
+        with tempfile.TemporaryDirectory(prefix="tcexport-triton-") as tmp:
+            path = Path(tmp) / f"{MODULE_NAME}.py"
+            path.write_text(module.source)
+            jobs = [(str(path), launch, arch) for arch, _, launch, _ in todo]
+            workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
+            if workers == 1:
+                results = [_compile_job(job) for job in jobs]
+            else:  # processes: Triton's front end parses Python ASTs, which CPython 3.11 cannot do in threads
+                ctx = multiprocessing.get_context("spawn")
+                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                    results = list(pool.map(_compile_job, jobs))
+        for (arch, i, _, key), c in zip(todo, results):
+            out[arch][i] = c
+            write_atomically(cache / f"{key}.cubin", c.data)
+            write_atomically(cache / f"{key}.json", json.dumps(
+                {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
+                 "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align}).encode())
     return out
+
+
+_MODULES: dict = {}
+
+
+def _compile_job(job) -> Cubin:
+    """One kernel for one arch, in this process (a pool worker imports the generated module once)."""
+    import triton
+
+    path, launch, arch = job
+    module = _MODULES.get(path)
+    if module is None:
+        module = _MODULES[path] = _load_module(Path(path).read_text(), Path(path).parent, write=False)
+    previous = triton.knobs.compilation.disable_line_info
+    triton.knobs.compilation.disable_line_info = True
+    try:
+        return _compile_one(module, launch, arch)
+    finally:
+        triton.knobs.compilation.disable_line_info = previous

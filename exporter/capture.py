@@ -8,6 +8,8 @@ batch norm after a convolution becomes part of the convolution's weight and bias
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -52,23 +54,44 @@ def decomposition_table():
 
 
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """SDPA as its math parts (bmm, softmax), keeping the layout the fused CPU op reports: contiguous
-    [N, H, L, E]. torch's own decomposition returns an [L, N, H, E]-ordered layout, after which a model's
-    ``.transpose(1, 2).reshape(...)`` + ``.view(-1, d)`` (GPT-2) no longer traces."""
+    """SDPA as its math parts, keeping the layout the fused CPU op reports: contiguous [N, H, L, E] (torch's
+    own decomposition returns an [L, N, H, E]-ordered layout, after which GPT-2's ``.transpose(1, 2)
+    .reshape(...)`` + ``.view(-1, d)`` no longer traces). In float32/float64 the scale multiplies the scores,
+    not q and k as torch's math kernel does: q, k and v stay plain views of their projection, which GEMMs read
+    in place, and the scale fuses into the scores GEMM's epilogue. 16-bit inputs are computed in float32 like
+    torch's math kernel; their widening folds into the GEMMs (fuse.fold_copies_into_operands), which read the
+    16-bit values directly and accumulate in float32 (the same arithmetic)."""
     if dropout_p != 0.0:
         raise CaptureError("scaled_dot_product_attention with dropout_p != 0 cannot be exported (call eval())")
-    output, attn = aten._scaled_dot_product_attention_math.default(
-        query, key, value, attn_mask=attn_mask, dropout_p=0.0, is_causal=is_causal, dropout_mask=None,
-        scale=scale, enable_gqa=query.size(1) != key.size(1))
-    return output.contiguous(), attn
+    if query.size(1) != key.size(1):  # grouped-query attention: each k/v head serves several query heads
+        group = query.size(1) // key.size(1)
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    dtype = query.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # computed in float32, as torch's math kernel does
+        query, key, value = query.float(), key.float(), value.float()
+        attn_mask = attn_mask.float() if attn_mask is not None and attn_mask.dtype == dtype else attn_mask
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    attn = torch.softmax(scores, dim=-1)
+    return torch.matmul(attn, value).to(dtype).contiguous(), attn
 
 
-def capture(spec: ModelSpec, cli_dynamic: list[str]) -> Captured:
+def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True) -> Captured:
+    """``fold=False`` keeps eval batch norms unfolded (a training package shares these weights with its
+    training graphs, where each is a parameter of its own)."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
-    folded = fold_batchnorm(ep)
+    folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename)
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)

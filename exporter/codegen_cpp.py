@@ -467,10 +467,12 @@ class CppKernelWriter:
         acc = g.acc_dtype
         fn, t = GEMM_ROUTINES[acc], CTYPE[acc]
         lines: list[str] = []
-        a_ptr = self._gemm_input(g.a, acc, lines, "tc_wa")
-        b_ptr = self._gemm_input(g.b, acc, lines, "tc_wb")
-        ta, lda = self._operand(g.a, g.m, g.k)
-        tb, ldb = self._operand(g.b, g.k, g.n)
+        ga, a_ptr = self._gathered(g.a, g.batch, g.m, g.k, acc, lines, "tc_ga")
+        gb, b_ptr = self._gathered(g.b, g.batch, g.k, g.n, acc, lines, "tc_gb")
+        a_ptr = a_ptr or self._gemm_input(ga, acc, lines, "tc_wa")
+        b_ptr = b_ptr or self._gemm_input(gb, acc, lines, "tc_wb")
+        ta, lda = self._operand(ga, g.m, g.k)
+        tb, ldb = self._operand(gb, g.k, g.n)
         out = node.out.name
         if node.out.dtype != acc:
             assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
@@ -478,12 +480,31 @@ class CppKernelWriter:
             out = "tc_acc.data()"
         lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
-            f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(g.a.batch_stride)},",
-            f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(g.b.batch_stride)}, {out});",
+            f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(ga.batch_stride)},",
+            f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out});",
         ]
         if node.body is not None:
             lines += self._epilogue(node, "tc_acc" if node.out.dtype != acc else None)
         return lines
+
+    def _gathered(self, op: ir.GemmOperand, batch, rows, cols, acc: str, lines: list, scratch: str):
+        """An operand given as a view without strides (ir.GemmOperand.index), gathered into contiguous ``acc``
+        scratch for BLAS: (the strided operand describing the scratch, its pointer). Strided operands pass
+        through as (op, None)."""
+        if op.index is None:
+            return op, None
+        buf = self.prog.buffers[op.buffer]
+        vars_, extents = ["i0", "i1", "i2"], [batch, rows, cols]  # (batch, row, col): see ir.GemmOperand
+        pos = sympy.Integer(0)
+        for v, ext in zip(vars_, extents):
+            pos = pos * ext + sympy.Symbol(v, integer=True, nonnegative=True)
+        src = loaded(buf.dtype, f"{op.buffer}[{cindex(buf.flat_index(op.index))}]")
+        total = ir.product(extents)
+        lines.append(f"  std::vector<{CTYPE[acc]}> {scratch}(static_cast<size_t>({cindex(total)}));")
+        lines += _nest(vars_, extents, "  ", lambda ind: [f"{ind}{scratch}[{cindex(pos)}] = {src};"])
+        zero, one = sympy.Integer(0), sympy.Integer(1)
+        strided = ir.GemmOperand(scratch, zero, rows * cols, cols, one)
+        return strided, f"{scratch}.data()"
 
     def _gemm_input(self, op: ir.GemmOperand, acc: str, lines: list, scratch: str) -> str:
         """The operand's base pointer for BLAS; a 16-bit float buffer is widened to ``acc`` in scratch first."""

@@ -634,15 +634,41 @@ class TritonWriter:
 
     # --- GEMM kernels ---------------------------------------------------------------------------------
 
+    def _operand_code(self, op: ir.GemmOperand, name: str, row: str, col: str) -> tuple[list, list, str, list]:
+        """How the K loop reads an operand: (lines before the loop, lines at the top of each iteration, the
+        pointer expression to load, lines after the dot). A strided operand walks a pointer by BK times its K
+        stride; a view without strides (heads split out of a fused projection) computes its buffer index from
+        (batch, row, col) each iteration, which saves the copy kernel a BLAS call would need."""
+        if op.index is None:
+            k_stride = op.col_stride if name == "a" else op.row_stride
+            first = lambda e: e.replace("kk * BK + ", "")  # noqa: E731 - the K coordinate at kk = 0
+            head = [f"{name}_ptrs = {op.buffer} + ({tindex(op.offset)} + bid * {tindex(op.batch_stride)}) "
+                    f"+ ({first(row)}) * {tindex(op.row_stride)} + ({first(col)}) * {tindex(op.col_stride)}"]
+            return head, [], f"{name}_ptrs", [f"{name}_ptrs += BK * {tindex(k_stride)}"]
+        buf = self.prog.buffers[op.buffer]
+        coords = ["bid", row, col]  # (batch, row, col): see ir.GemmOperand
+        head, pre, names = [], [], []
+        for c in coords:
+            var = f"t{next(self.names)}"  # temporaries' names: tindex prints them as they are
+            (pre if "kk" in c else head).append(f"{var} = {c}")
+            names.append(var)
+        mapping = {ir.ivar(d): sympy.Symbol(n, integer=True, nonnegative=True) for d, n in enumerate(names)}
+        flat = tindex(buf.flat_index(tuple(sympy.sympify(e).xreplace(mapping) for e in op.index)))
+        return head, pre, f"{op.buffer} + {flat}", []
+
     def _gemm(self, k: Kernel):
         node = k.stages[0].node
         g = node.gemm
         dtype = node.out.dtype
         a_dtype = self.prog.buffers[g.a.buffer].dtype
-        cfg = gemm_config(a_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
+        b_dtype = self.prog.buffers[g.b.buffer].dtype
+        native = a_dtype == b_dtype  # mixed operands (a float32 softmax times 16-bit values) widen the 16-bit one
+        cfg = gemm_config(a_dtype if native else g.acc_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
         acc_t = TL_TYPE[g.acc_dtype]
-        precision = ', input_precision="ieee"' if a_dtype in ("float32", "float64") else ""
+        precision = ', input_precision="ieee"' if not native or a_dtype in ("float32", "float64") else ""
+        widen_a = "" if native or a_dtype not in HALF else f".to({acc_t})"
+        widen_b = "" if native or b_dtype not in HALF else f".to({acc_t})"
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind = "    "
         lines = [
@@ -661,18 +687,21 @@ class TritonWriter:
             f"{ind}rm = pid_m * BM + tl.arange(0, BM)",
             f"{ind}rn = pid_n * BN + tl.arange(0, BN)",
             f"{ind}rk = tl.arange(0, BK)",
-            f"{ind}a_ptrs = {g.a.buffer} + ({tindex(g.a.offset)} + bid * {tindex(g.a.batch_stride)}) "
-            f"+ rm[:, None] * {tindex(g.a.row_stride)} + rk[None, :] * {tindex(g.a.col_stride)}",
-            f"{ind}b_ptrs = {g.b.buffer} + ({tindex(g.b.offset)} + bid * {tindex(g.b.batch_stride)}) "
-            f"+ rk[:, None] * {tindex(g.b.row_stride)} + rn[None, :] * {tindex(g.b.col_stride)}",
             f"{ind}acc = tl.zeros((BM, BN), dtype={acc_t})",
-            f"{ind}for kk in range(0, tl.cdiv(K, BK)):",
+        ]
+        a_head, a_pre, a_load, a_step = self._operand_code(g.a, "a", "rm[:, None]", "kk * BK + rk[None, :]")
+        b_head, b_pre, b_load, b_step = self._operand_code(g.b, "b", "kk * BK + rk[:, None]", "rn[None, :]")
+        lines += [f"{ind}{line}" for line in a_head + b_head]
+        lines += [f"{ind}for kk in range(0, tl.cdiv(K, BK)):"]
+        lines += [f"{ind}    {line}" for line in a_pre + b_pre]
+        lines += [
             f"{ind}    kmask = rk < K - kk * BK",
-            f"{ind}    a = tl.load(a_ptrs, mask=(rm[:, None] < M) & kmask[None, :], other=0.0)",
-            f"{ind}    b = tl.load(b_ptrs, mask=kmask[:, None] & (rn[None, :] < N), other=0.0)",
+            f"{ind}    a = tl.load({a_load}, mask=(rm[:, None] < M) & kmask[None, :], other=0.0){widen_a}",
+            f"{ind}    b = tl.load({b_load}, mask=kmask[:, None] & (rn[None, :] < N), other=0.0){widen_b}",
             f"{ind}    acc = tl.dot(a, b, acc{precision})",
-            f"{ind}    a_ptrs += BK * {tindex(g.a.col_stride)}",
-            f"{ind}    b_ptrs += BK * {tindex(g.b.row_stride)}",
+        ]
+        lines += [f"{ind}    {line}" for line in a_step + b_step]
+        lines += [
             f"{ind}mask = (rm[:, None] < M) & (rn[None, :] < N)",
             f"{ind}flat = bid * (M * N) + rm[:, None] * N + rn[None, :]",
         ]

@@ -1,6 +1,6 @@
 """Fusion: loop IR nodes → kernels.
 
-Three generic passes, in order:
+Generic passes, in order (after merging duplicate nodes and folding copies into the GEMM operands they feed):
   1. epilogues: a pointwise node that is the only reader of a GEMM's output, element for element, becomes the
      GEMM's epilogue (bias, activation, residual, the rounding cast of a 16-bit float product); chains follow.
   2. inlining: a pointwise node is substituted into its readers' bodies unless it must exist in memory (a graph
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from . import ir
 
@@ -159,6 +160,99 @@ def absorb_epilogues(prog: ir.Program) -> None:
             prog.nodes[prog.nodes.index(p)] = g
             changed = True
             break
+
+
+def _grouped(coords: list, extents: list, shape: tuple) -> tuple | None:
+    """When ``shape`` is ``extents`` with each extent split into consecutive dims (a contiguous reshape: [4b, s,
+    16] of [b, 4, s, 16]), each dim's index as a div/mod of its coordinate; None when it is not."""
+    index, d = [], 0
+    for x, ext in zip(coords, extents):
+        group, size = [], sympy.Integer(1)
+        while d < len(shape) and not ir.same_size(size, ext):
+            group.append(shape[d])
+            size = sympy.expand(size * shape[d])
+            d += 1
+        while d < len(shape) and shape[d] == 1:  # trailing size-1 dims belong to any group
+            group.append(shape[d])
+            d += 1
+        if not ir.same_size(size, ext):
+            return None
+        inner = sympy.Integer(1)
+        parts = []
+        for k in range(len(group) - 1, -1, -1):
+            q = x if inner == 1 else FloorDiv(x, inner)
+            parts.append(sympy.Integer(0) if group[k] == 1 else (q if k == 0 else ModularIndexing(x, inner, group[k])))
+            inner = inner * group[k]
+        index += parts[::-1]
+    return tuple(index) if d == len(shape) else None
+
+
+def _operand_index(op: ir.GemmOperand, buf: ir.Buffer, batched: bool, extents: list) -> tuple:
+    """The index into ``buf`` of operand element (b, row, col) (ivars 0..2; (row, col) unbatched)."""
+    if op.index is not None:
+        return op.index
+    b, r, c = ir.ivar(0), ir.ivar(1), ir.ivar(2)  # see ir.GemmOperand
+    contiguous = [sympy.expand(s) for s in (op.offset, op.batch_stride, op.row_stride, op.col_stride)] == \
+        [0, sympy.expand(extents[-2] * extents[-1]) if batched else 0, sympy.expand(extents[-1]), 1]
+    if contiguous:
+        grouped = _grouped([b, r, c] if batched else [r, c], extents, tuple(buf.shape))
+        if grouped is not None:
+            return grouped
+    flat = sympy.expand(op.offset + b * op.batch_stride + r * op.row_stride + c * op.col_stride)
+    index, strides = [], buf.strides()
+    for d, (size, stride) in enumerate(zip(buf.shape, strides)):
+        index.append(FloorDiv(flat, stride) if d == 0 else ModularIndexing(flat, stride, size))
+    return tuple(index)
+
+
+def _copied(p: ir.Node, acc: str) -> ir.Load | None:
+    """The load a node only copies: ``p.body`` is a Load of p's dtype, or the exact widening of a 16-bit float
+    to the GEMM's float32 accumulation (a GEMM reading the 16-bit values does the same arithmetic)."""
+    body = p.body
+    if isinstance(body, ir.Op) and body.op == "cast" and p.out.dtype == acc == "float32" \
+            and isinstance(body.args[0], ir.Load) and body.args[0].dtype in ir.HALF_DTYPES:
+        return body.args[0]
+    if isinstance(body, ir.Load) and body.dtype == p.out.dtype and body.buffer != p.out.name:
+        return body
+    return None
+
+
+def fold_copies_into_operands(prog: ir.Program) -> None:
+    """A GEMM operand produced by a node that only copies (a permute or reshape made contiguous: the heads of
+    a fused QKV projection, attention's output going back to [tokens, features]) is read through the copy:
+    the operand becomes a view of the copy's source, and the copy disappears once nothing else needs it."""
+    from .lower_ops import gemm_operand
+
+    producers = prog.producers()
+    for g in [n for n in prog.nodes if n.kind == "gemm"]:
+        batched = g.gemm.batch != 1
+        for side, rows, cols in (("a", g.gemm.m, g.gemm.k), ("b", g.gemm.k, g.gemm.n)):
+            op = getattr(g.gemm, side)
+            p = producers.get(op.buffer)
+            load = _copied(p, g.gemm.acc_dtype) if p is not None and p.kind == "pointwise" else None
+            if load is None:
+                continue
+            shape = ((g.gemm.batch,) if batched else ()) + (rows, cols)
+            at = _operand_index(op, p.out, batched, list(shape))
+            src = prog.buffers[load.buffer]
+            moved = {ir.ivar(k): e for k, e in enumerate(at)}
+            index = tuple(ir.simplify_index(sympy.sympify(e).xreplace(moved)) for e in load.index)
+            setattr(g.gemm, side, gemm_operand(src, index, shape, batched))
+    eliminate_unread(prog)
+
+
+def eliminate_unread(prog: ir.Program) -> None:
+    """Drop temps nothing reads any more (copies folded away), last to first so chains go too."""
+    changed = True
+    while changed:
+        changed = False
+        readers = prog.consumers()
+        for n in reversed(prog.nodes):
+            if n.out.kind == "temp" and not readers.get(n.out.name):
+                prog.nodes.remove(n)
+                del prog.buffers[n.out.name]
+                changed = True
+                break
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -323,6 +417,8 @@ def _describe(k: Kernel) -> str:
 
 def fuse(prog: ir.Program) -> list[Kernel]:
     merge_common_nodes(prog)
+    prog.verify()
+    fold_copies_into_operands(prog)
     prog.verify()
     absorb_epilogues(prog)
     prog.verify()

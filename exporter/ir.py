@@ -243,15 +243,21 @@ class Buffer:
 
 @dataclass
 class GemmOperand:
-    """A strided 2-D (or batched 3-D) view of a realized buffer, as a BLAS call needs it."""
+    """A 2-D (or batched 3-D) view of a realized buffer, as a GEMM reads it. Strided views (what a BLAS call
+    takes) have ``offset`` and the three strides; any other view (heads split out of a fused projection, a
+    reshape across a transpose) has ``index`` instead: the buffer index of element (i0, i1, i2) = (batch, row,
+    col) (i0 is 0 for an unbatched GEMM). Triton reads such a view in place; the C++ backend gathers it."""
 
     buffer: str
     offset: sympy.Expr
     batch_stride: sympy.Expr
     row_stride: sympy.Expr
     col_stride: sympy.Expr
+    index: tuple | None = None
 
     def __str__(self):
+        if self.index is not None:
+            return f"{self.buffer}[{', '.join(map(str, self.index))}]"
         return (f"{self.buffer}+{self.offset} strides(b={self.batch_stride}, "
                 f"r={self.row_stride}, c={self.col_stride})")
 

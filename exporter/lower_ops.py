@@ -374,11 +374,25 @@ def _select(low, node, val, x, dim, index):
 
 
 def _gemm_operand(low: Lowering, x: TensorRef, batched: bool) -> ir.GemmOperand:
-    """x as a strided BLAS operand; realized into a contiguous buffer when its view is not strided."""
-    op = _strided(x, batched)
+    index = tuple(x.index) if batched else _shift_ivars(tuple(x.index), +1)
+    return gemm_operand(x.buffer, index, tuple(x.shape), batched)
+
+
+def _shift_ivars(index: tuple, by: int) -> tuple:
+    """Renumber index variables: an unbatched view's (i0, i1) are the operand's (row, col) = (i1, i2)."""
+    moved = {ir.ivar(k): ir.ivar(k + by) for k in range(3) if k + by >= 0}
+    return tuple(sympy.sympify(e).xreplace(moved) for e in index)
+
+
+def gemm_operand(buffer: ir.Buffer, index: tuple, shape: tuple, batched: bool) -> ir.GemmOperand:
+    """A view of ``buffer`` as a GEMM operand (``index`` over (i0, i1, i2) = (batch, row, col), i0 unused when
+    unbatched; ``shape`` is the view's): strided when a BLAS call can take it, else the view's index itself
+    (see ir.GemmOperand). No copy kernel is made; each backend reads the view as it can."""
+    own = index if batched else _shift_ivars(index, -1)
+    op = _strided(TensorRef(buffer, shape, own), batched)
     if op is None:
-        x = low.realize(x)
-        op = _strided(x, batched)
+        zero = sympy.Integer(0)
+        op = ir.GemmOperand(buffer.name, zero, zero, zero, zero, index=tuple(index))
     return op
 
 
