@@ -14,8 +14,7 @@ import json
 import os
 import sys
 import tempfile
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,12 +144,7 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
             path.write_text(module.source)
             jobs = [(str(path), launch, arch) for arch, _, launch, _ in todo]
             workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
-            if workers == 1:
-                results = [_compile_job(job) for job in jobs]
-            else:  # processes: Triton's front end parses Python ASTs, which CPython 3.11 cannot do in threads
-                ctx = multiprocessing.get_context("spawn")
-                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                    results = list(pool.map(_compile_job, jobs))
+            results = [_compile_job(job) for job in jobs] if workers == 1 else _compile_in_processes(jobs, workers, tmp)
         for (arch, i, _, key), c in zip(todo, results):
             out[arch][i] = c
             write_atomically(cache / f"{key}.cubin", c.data)
@@ -158,6 +152,48 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
                 {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
                  "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align}).encode())
     return out
+
+
+def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
+    """Jobs split over ``workers`` child processes (``python -m tcexport.exporter.build_cuda``): Triton's
+    front end parses Python ASTs, which CPython 3.11 cannot do in threads, and a multiprocessing pool would
+    re-run the caller's main script in each worker."""
+    chunks = [jobs[k::workers] for k in range(workers)]
+    procs = []
+    for k, chunk in enumerate(chunks):
+        spec = Path(tmp) / f"jobs{k}.json"
+        spec.write_text(json.dumps([{"path": p, "arch": a, "name": l.name, "signature": l.signature,
+                                     "constexprs": l.constexprs, "num_warps": l.num_warps,
+                                     "num_stages": l.num_stages} for p, l, a in chunk]))
+        procs.append(subprocess.Popen([sys.executable, "-m", "tcexport.exporter.build_cuda", str(spec)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    by_job = {}
+    for k, (proc, chunk) in enumerate(zip(procs, chunks)):
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise BuildError(f"a Triton compile worker failed (exit {proc.returncode}):\n{err[-4000:]}")
+        results = json.loads((Path(tmp) / f"jobs{k}.json.out").read_text())
+        for job, r in zip(chunk, results):
+            by_job[id(job)] = Cubin(r["kernel"], r["arch"], bytes.fromhex(r["data"]), r["function"], r["shared"],
+                                    r["num_warps"], r["global_scratch"], r["global_scratch_align"])
+    return [by_job[id(job)] for job in jobs]
+
+
+def _worker_main(spec_path: str) -> int:
+    jobs = json.loads(Path(spec_path).read_text())
+    out = []
+    for j in jobs:
+        launch = Launch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"])
+        try:
+            c = _compile_job((j["path"], launch, j["arch"]))
+        except BuildError as e:
+            print(str(e), file=sys.stderr)
+            return 1
+        out.append({"kernel": c.kernel, "arch": c.arch, "data": c.data.hex(), "function": c.function,
+                    "shared": c.shared, "num_warps": c.num_warps, "global_scratch": c.global_scratch,
+                    "global_scratch_align": c.global_scratch_align})
+    Path(spec_path + ".out").write_text(json.dumps(out))
+    return 0
 
 
 _MODULES: dict = {}
@@ -177,3 +213,7 @@ def _compile_job(job) -> Cubin:
         return _compile_one(module, launch, arch)
     finally:
         triton.knobs.compilation.disable_line_info = previous
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1]))
