@@ -44,6 +44,10 @@ def export(
                               "onnx.checker"),
     onnx_embed: bool = typer.Option(False, "--onnx-embed", help="like --onnx, and store it inside the archive"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress output"),
+    backward: bool = typer.Option(False, "--backward", help="also package a training forward and a backward "
+                                  "(CPU): gradients of every parameter that requires grad"),
+    grad_inputs: List[str] = typer.Option([], "--grad-inputs", help="with --backward, inputs whose gradients the "
+                                          "backward also returns (repeatable or comma-separated)"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
     from . import pipeline, verify as verify_mod
@@ -59,7 +63,8 @@ def export(
         pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
                               dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
                               source_path=str(model_file),
-                              onnx="embed" if onnx_embed else "file" if onnx else None)
+                              onnx="embed" if onnx_embed else "file" if onnx else None, backward=backward,
+                              grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()])
         pkg.save(out)
         seconds = time.perf_counter() - t0
         summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),
@@ -71,6 +76,10 @@ def export(
                    "targets": [f"{k.target}:{k.isa}" for k in pkg.manifest.kernels],
                    "guards": [{"rule": _expr_text(g.expr), "message": g.message} for g in pkg.manifest.guards],
                    "warnings": list(pkg.warnings)}
+        if pkg.manifest.training is not None:
+            t = pkg.manifest.training
+            summary["training"] = {"trainable": list(t.trainable), "saved": len(t.forward.outputs) - len(
+                pkg.manifest.outputs), "gradients": [name for _, name in t.gradients]}
         for w in pkg.warnings if not quiet else ():
             print(f"warning: {w}", file=sys.stderr)
         if pkg.onnx is not None:

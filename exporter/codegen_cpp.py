@@ -546,7 +546,19 @@ class CppKernelWriter:
 # the translation unit
 
 
-def generate(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: list[str]) -> str:
+def generate(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: list[str],
+             extra_entries: tuple = ()) -> str:
+    """The translation unit: ``prog`` behind ``tc_run``, and each ``(entry, program, kernels, plan)`` of
+    ``extra_entries`` (a training forward, a backward) behind its own entry point of the same C ABI, in a
+    namespace of its own (``<entry>_graph``). ``blas`` names the routines of every graph: one context serves
+    all entries."""
+    graphs = [_graph(prog, kernels, plan, blas, "tc_run")]
+    graphs += [f"namespace {entry}_graph {{\n{_graph(p, ks, m, blas, entry)}}}  // namespace {entry}_graph\n"
+               for entry, p, ks, m in extra_entries]
+    return "\n".join([PRELUDE] + graphs)
+
+
+def _graph(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: list[str], entry: str) -> str:
     writer = CppKernelWriter(prog, plan)
     frame = ["struct Frame {", "  int nt;", "  tc_sgemm_fn sgemm;", "  tc_dgemm_fn dgemm;"]
     frame += [f"  int64_t s_{s.name};" for s in prog.symbols]
@@ -556,18 +568,17 @@ def generate(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: li
             const = "const " if buf.kind in ("input", "weight") else ""
             frame.append(f"  {const}{STORAGE_CTYPE[buf.dtype]}* {name};")
     frame.append("};")
-    parts = [PRELUDE, "namespace {", "\n".join(frame), ""]
+    parts = ["namespace {", "\n".join(frame), ""]
     parts += [writer.kernel(k) + "\n" for k in kernels]
     parts.append("}  // namespace\n")
-    parts.append(_entry(prog, kernels, plan, blas, used))
+    parts.append(_entry(prog, kernels, plan, blas, used, entry))
     return "\n".join(parts)
 
 
-def _entry(prog, kernels, plan, blas, used) -> str:
-    lines = [
-        f'extern "C" int32_t tc_abi_version(void) {{ return {ABI_VERSION}; }}',
-        "",
-        'extern "C" int32_t tc_run(const tc_context* ctx, const int64_t* symbols, void* const* inputs,',
+def _entry(prog, kernels, plan, blas, used, entry: str = "tc_run") -> str:
+    abi = [f'extern "C" int32_t tc_abi_version(void) {{ return {ABI_VERSION}; }}', ""] if entry == "tc_run" else []
+    lines = abi + [
+        f'extern "C" int32_t {entry}(const tc_context* ctx, const int64_t* symbols, void* const* inputs,',
         "                          void* const* weights, void* const* outputs, void* workspace) {",
         "  try {",
         "    Frame f;",

@@ -1,8 +1,10 @@
 """The pipeline as a visible list of named stages; each can be dumped for debugging (``--dump DIR``).
 
-    capture → lower → fuse → plan → codegen (C++ / Triton) → build (.so / cubins) → package
+    capture → (autograd) → lower → fuse → plan → codegen (C++ / Triton) → build (.so / cubins) → package
 
-A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++.
+A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++. With
+``--backward`` the autograd stage adds a training forward and a backward graph (``State.train_states``); lower,
+fuse and plan then run on each graph in turn, and the C++ holds one entry point per graph.
 """
 
 from __future__ import annotations
@@ -44,22 +46,44 @@ class State:
     timings: dict = field(default_factory=dict)
     output_is_single: bool = True
     onnx: tuple | None = None  # (bytes, opset) when --onnx asked for it
+    backward: bool = False                            # --backward: also package a training forward and backward
+    grad_inputs: tuple = ()                           # inputs whose gradients the backward returns
+    training: object = None                           # autograd.TrainingGraphs
+    train_states: dict = field(default_factory=dict)  # entry name -> the State of that training graph
+    lower_fn: Callable | None = None                  # lowering of this graph (None: lower.lower)
 
 
 def stage_capture(st: State) -> str:
-    st.captured = capture_mod.capture(st.spec, st.dynamic)
+    # a training package shares its weights between every graph, so no graph may fold them
+    st.captured = capture_mod.capture(st.spec, st.dynamic, fold=not st.backward)
     st.output_is_single = st.captured.program.call_spec.out_spec.is_leaf()
     return st.captured.program.graph_module.print_readable(print_output=False) + "\n" + \
         "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in st.captured.symbols.items())
 
 
-def stage_lower(st: State) -> str:
-    st.program, st.lowering = lower_mod.lower(st.captured)
+def stage_autograd(st: State) -> str:
+    from . import autograd, autograd_lower
+
+    st.training = autograd.capture_training(st.spec, st.captured, st.grad_inputs)
+    st.train_states = {entry: State(st.spec, st.dynamic, st.targets, st.cache_dir, captured=captured,
+                                    lower_fn=autograd_lower.lower_training)
+                       for entry, captured in autograd.entries(st.training)}
+    return autograd.describe(st.training)
+
+
+def _each_graph(st: State, stage: Callable[[State], str]) -> str:
+    """Run a per-graph stage on the inference graph, then on each training graph (dumped under its entry)."""
+    texts = [stage(st)] + [f"== {entry} ==\n{stage(g)}" for entry, g in st.train_states.items()]
+    return "\n\n".join(texts)
+
+
+def _lower(st: State) -> str:
+    st.program, st.lowering = (st.lower_fn or lower_mod.lower)(st.captured)
     st.program.verify()
     return str(st.program)
 
 
-def stage_fuse(st: State) -> str:
+def _fuse(st: State) -> str:
     st.kernels = fuse_mod.fuse(st.program)
     used = {b for k in st.kernels for s in k.stages for b in s.node.inputs()}
     st.program.weights = [w for w in st.program.weights if w in used]
@@ -67,15 +91,34 @@ def stage_fuse(st: State) -> str:
     return str(st.program) + "\n\nkernels:\n" + "\n".join(str(k) for k in st.kernels)
 
 
-def stage_plan(st: State) -> str:
+def _plan(st: State) -> str:
     st.memory = plan_mod.plan_memory(st.program, st.kernels)
     return str(st.memory)
 
 
+def stage_lower(st: State) -> str:
+    return _each_graph(st, _lower)
+
+
+def stage_fuse(st: State) -> str:
+    return _each_graph(st, _fuse)
+
+
+def stage_plan(st: State) -> str:
+    text = _each_graph(st, _plan)
+    if st.train_states:
+        from .autograd_lower import share_weights
+
+        share_weights(st, list(st.train_states.values()))
+    return text
+
+
 def stage_codegen(st: State) -> str:
-    dtypes = {s.node.gemm.acc_dtype for k in st.kernels if k.kind == "gemm" for s in k.stages}
+    graphs = [st] + list(st.train_states.values())
+    dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
     st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
-    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas)
+    extra = tuple((entry, g.program, g.kernels, g.memory) for entry, g in st.train_states.items())
+    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra)
     return st.cpp
 
 
@@ -112,6 +155,7 @@ def _cuda(st: State) -> bool:
 # (name, stage, dump file, runs when)
 STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] = [
     ("capture", stage_capture, "graph.txt", lambda st: True),
+    ("autograd", stage_autograd, "graph_train.txt", lambda st: st.backward),
     ("lower", stage_lower, "ir.txt", lambda st: True),
     ("fuse", stage_fuse, "kernels.txt", lambda st: True),
     ("plan", stage_plan, "plan.txt", lambda st: True),
@@ -178,12 +222,14 @@ def cuda_archs(targets) -> list[int]:
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
-           onnx: str | None = None):
+           onnx: str | None = None, backward: bool = False, grad_inputs=()):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
     ``dynamic`` takes the CLI's `--dynamic` strings. ``onnx="file"`` also exports the model to ONNX
     (``package.onnx`` holds the bytes), ``onnx="embed"`` stores it inside the archive as well.
+    ``backward=True`` also packages a training forward and a backward (CPU), with gradients for every
+    parameter that requires grad and for the inputs named in ``grad_inputs``.
     """
     from tcexport.packager.package import package
 
@@ -192,7 +238,11 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     example_inputs = tuple(example_inputs)
     spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
-    st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None)
+    st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
+               backward=backward, grad_inputs=tuple(grad_inputs))
+    if backward and "cpu" not in st.targets:
+        raise ExportError(f"--backward builds CPU training kernels; targets {', '.join(st.targets)} have no cpu. "
+                          f"Add cpu to --target (e.g. --target cpu,cuda:sm_90).")
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)

@@ -15,7 +15,7 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
@@ -116,6 +116,7 @@ class Manifest:
     members: dict = field(default_factory=dict)  # path -> {"sha256": hex, "size": int}
     onnx: dict | None = None  # optional: {"file": member, "opset": int}, the same model as ONNX
     cuda: CudaPlan | None = None  # present when the package has CUDA bundles
+    training: Any = None      # formats.training.Training: the training forward and backward (added in 1.2)
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
@@ -139,6 +140,7 @@ class Manifest:
             "members": {k: dict(v) for k, v in sorted(self.members.items())},
             **({"onnx": dict(self.onnx)} if self.onnx is not None else {}),
             **({"cuda": _cuda_json(self.cuda)} if self.cuda is not None else {}),
+            **({"training": self.training.to_json()} if self.training is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -292,13 +294,17 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
         if ref not in members:
             raise FormatError(f"manifest: refers to member {ref!r}, which is not listed in members")
 
+    training = None
+    if "training" in d:
+        from .training import parse_training
+        training = parse_training(d["training"], names, inputs, outputs, weights)
     return Manifest(
         format_version=tuple(version), producer=dict(_need(d, "producer", dict, "manifest")),
         model=str(model.get("name", "")), symbols=tuple(symbols), inputs=inputs, outputs=outputs,
         output_structure=structure, guards=tuple(guards), weights_file=_need(w, "file", str, "weights"),
         weights=weights, kernels=tuple(kernels), workspace_bytes=workspace, plan=plan,
         sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members),
-        onnx=dict(onnx) if onnx is not None else None, cuda=cuda)
+        onnx=dict(onnx) if onnx is not None else None, cuda=cuda, training=training)
 
 
 def _parse_cubin(c: Any, where: str) -> Cubin:

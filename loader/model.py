@@ -69,6 +69,9 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     plan = GuardPlan(archive.manifest)
     weights = load_weights(archive)
     native = native_cpu.load(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
+    if archive.manifest.training is not None:  # built with --backward: forward(grad=True), backward, weights
+        from .training import TrainableModel
+        return TrainableModel(archive, plan, weights, native, threads)
     return Model(archive, plan, weights, native, threads)
 
 

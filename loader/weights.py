@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 
 import numpy as np
@@ -119,3 +120,39 @@ def _check_against_manifest(arrays: dict[str, np.ndarray], manifest: Manifest, w
         if got_dtype != spec.dtype or tuple(arr.shape) != tuple(spec.shape):
             raise FormatError(f"{where}: weight {name!r} is {got_dtype}{list(arr.shape)}; the manifest expects "
                               f"{spec.dtype}{list(spec.shape)}. Rebuild the package.")
+
+
+# --- safetensors files outside an archive (training: load_weights / save_weights) -------------------------------
+
+
+def read_safetensors(path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file, checked as a package's weights are (read-only views of the file)."""
+    import mmap
+    import pathlib
+
+    path = pathlib.Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read the weights file: {e.strerror or e}") from None
+    header, data_start = _read_header(mm, 0, size, str(path))
+    return _make_views(mm, header, data_start, size, str(path))
+
+
+def safetensors_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """A safetensors file of ``arrays`` (name order, header padded to 8 bytes); bfloat16 bits are labelled BF16,
+    which the safetensors package cannot do for numpy arrays without ml_dtypes."""
+    codes = {name: code for code, name in SAFETENSORS_DTYPES.items()}
+    header, offset, chunks = {}, 0, []
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
+        data = arr.tobytes()
+        header[name] = {"dtype": codes[dtype_name(arr.dtype)], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        chunks.append(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)

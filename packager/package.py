@@ -16,6 +16,7 @@ from tcexport.formats.manifest import (CPU_ABI_VERSION, CUDA_ABI_VERSION, FORMAT
 
 from .archive import write_archive
 from .exprs import to_expr
+from .training import training_section
 
 TCEXPORT_VERSION = "0.1.0"
 WEIGHTS_FILE = "weights.safetensors"
@@ -103,6 +104,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     if embed_onnx and st.onnx is not None:
         members[ONNX_FILE] = st.onnx[0]
         onnx = {"file": ONNX_FILE, "opset": st.onnx[1]}
+    outputs = tuple(_spec(prog, low, n) for n in prog.outputs)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
@@ -111,7 +113,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         model=model_name,
         symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog, low, n) for n in prog.inputs),
-        outputs=tuple(_spec(prog, low, n) for n in prog.outputs),
+        outputs=outputs,
         output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
         guards=_guards(st.captured.guards),
         weights_file=WEIGHTS_FILE,
@@ -124,6 +126,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         sources=tuple(sources),
         onnx=onnx,
         cuda=cuda,
+        training=training_section(st, outputs),
     )
     return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
                    tuple(st.captured.notes))

@@ -1,0 +1,135 @@
+"""The optional ``training`` section of a manifest (added in format 1.2; SPEC §2 and §6b).
+
+A training package's CPU kernel library has two more entry points of the same C ABI as ``tc_run``: a training
+forward (the model's inputs → its outputs, then the activations the backward needs) and a backward (those
+activations, the forward's inputs and outputs it reads again, and the outputs' gradients → gradients of the
+trainable weights and of the inputs named for gradients). This section names the entries and says where each
+backward input comes from and what each backward output is the gradient of, so a loader can connect the calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from . import expr as ex
+from .errors import FormatError
+
+SOURCE_KINDS = ("input", "forward", "grad")   # a forward input, a training-forward output, an output's gradient
+GRADIENT_KINDS = ("weight", "input")
+_ENTRY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class TrainingGraph:
+    entry: str              # the C symbol (same signature as tc_run)
+    inputs: tuple           # TensorSpec in ABI order; the training forward's are manifest.inputs (empty here)
+    outputs: tuple          # TensorSpec in ABI order
+    workspace_bytes: Any    # expression: the workspace this entry needs
+    kernels: tuple = ()     # informational: kernel names in launch order
+
+
+@dataclass(frozen=True)
+class Training:
+    trainable: tuple        # weight names the backward returns gradients of
+    forward: TrainingGraph  # outputs: manifest.outputs (same specs), then the saved activations
+    backward: TrainingGraph
+    sources: tuple          # per backward input: (kind in SOURCE_KINDS, index into its list)
+    gradients: tuple        # per backward output: (kind in GRADIENT_KINDS, weight or input name)
+
+    def to_json(self) -> dict:
+        def graph(g: TrainingGraph, inputs: list | None = None, outputs: list | None = None) -> dict:
+            d = {"entry": g.entry, "outputs": outputs or [_spec_json(s) for s in g.outputs],
+                 "workspace_bytes": g.workspace_bytes, "kernels": list(g.kernels)}
+            if inputs is not None:
+                d["inputs"] = inputs
+            return d
+
+        inputs = [{**_spec_json(s), "from": list(src)} for s, src in zip(self.backward.inputs, self.sources)]
+        outputs = [{**_spec_json(s), "of": list(of)} for s, of in zip(self.backward.outputs, self.gradients)]
+        return {"trainable": list(self.trainable), "forward": graph(self.forward),
+                "backward": graph(self.backward, inputs, outputs)}
+
+
+def _spec_json(s) -> dict:
+    return {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
+
+
+def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights: tuple) -> Training:
+    """Parse and check ``training`` against the rest of the manifest; FormatError names the bad field."""
+    if not isinstance(d, dict):
+        raise FormatError("manifest: training should be an object")
+    from .manifest import _need
+
+    trainable = tuple(_need(d, "trainable", list, "training"))
+    weight_specs = {w.name: w for w in weights}
+    for i, name in enumerate(trainable):
+        if name not in weight_specs:
+            raise FormatError(f"manifest: training.trainable[{i}] names {name!r}, which is not in weights.tensors; "
+                              f"rebuild the package")
+    if len(set(trainable)) != len(trainable):
+        raise FormatError("manifest: training.trainable has duplicate names")
+    forward = _parse_graph(_need(d, "forward", dict, "training"), "training.forward", symbols, has_inputs=False)
+    backward = _parse_graph(_need(d, "backward", dict, "training"), "training.backward", symbols, has_inputs=True)
+    if len(forward.outputs) < len(outputs) or any(not _same(a, b) for a, b in zip(forward.outputs, outputs)):
+        raise FormatError("manifest: training.forward.outputs should start with the model's outputs (same dtypes "
+                          "and shapes), then the saved activations")
+    lists = {"input": inputs, "forward": forward.outputs, "grad": outputs}
+    sources = tuple(_parse_source(x, k, lists, backward.inputs[k])
+                    for k, x in enumerate(_need(d["backward"], "inputs", list, "training.backward")))
+    named = {"weight": weight_specs, "input": {s.name: s for s in inputs}}
+    gradients = tuple(_parse_gradient(x, k, named, trainable, backward.outputs[k])
+                      for k, x in enumerate(_need(d["backward"], "outputs", list, "training.backward")))
+    if len({s.name for s in backward.outputs}) != len(backward.outputs):
+        raise FormatError("manifest: training.backward.outputs has duplicate names")
+    return Training(trainable, forward, backward, sources, gradients)
+
+
+def _parse_graph(d: dict, where: str, symbols: set, has_inputs: bool) -> TrainingGraph:
+    from .manifest import _need, _parse_spec
+
+    entry = _need(d, "entry", str, where)
+    if not _ENTRY_RE.match(entry):
+        raise FormatError(f"manifest: {where}.entry should be a C identifier, found {entry!r:.80}")
+    inputs = tuple(_parse_spec(x, f"{where}.inputs[{i}]", symbols)
+                   for i, x in enumerate(_need(d, "inputs", list, where))) if has_inputs else ()
+    outputs = tuple(_parse_spec(x, f"{where}.outputs[{i}]", symbols)
+                    for i, x in enumerate(_need(d, "outputs", list, where)))
+    workspace = d.get("workspace_bytes", 0)
+    ex.validate(workspace, symbols, f"manifest: {where}.workspace_bytes")
+    kernels = d.get("kernels", [])
+    return TrainingGraph(entry, inputs, outputs, workspace, tuple(kernels) if isinstance(kernels, list) else ())
+
+
+def _same(a, b) -> bool:
+    return a.dtype == b.dtype and list(a.shape) == list(b.shape)
+
+
+def _parse_source(x: dict, k: int, lists: dict, spec) -> tuple[str, int]:
+    where = f"manifest: training.backward.inputs[{k}] ({spec.name})"
+    src = x.get("from")
+    if not (isinstance(src, list) and len(src) == 2 and src[0] in SOURCE_KINDS and isinstance(src[1], int)
+            and not isinstance(src[1], bool)):
+        raise FormatError(f"{where}: 'from' should be [kind, index] with kind one of {SOURCE_KINDS}, found {src!r:.80}")
+    kind, index = src
+    if not 0 <= index < len(lists[kind]):
+        raise FormatError(f"{where}: 'from' {src} is out of range; there are {len(lists[kind])} {kind} tensors")
+    if not _same(spec, lists[kind][index]):
+        raise FormatError(f"{where}: its dtype and shape should equal those of {kind} {index} "
+                          f"({lists[kind][index].name}); rebuild the package")
+    return kind, index
+
+
+def _parse_gradient(x: dict, k: int, named: dict, trainable: tuple, spec) -> tuple[str, str]:
+    where = f"manifest: training.backward.outputs[{k}] ({spec.name})"
+    of = x.get("of")
+    if not (isinstance(of, list) and len(of) == 2 and of[0] in GRADIENT_KINDS and isinstance(of[1], str)):
+        raise FormatError(f"{where}: 'of' should be [kind, name] with kind one of {GRADIENT_KINDS}, found {of!r:.80}")
+    kind, name = of
+    if name not in named[kind] or (kind == "weight" and name not in trainable):
+        raise FormatError(f"{where}: 'of' names {kind} {name!r}, which is not a "
+                          f"{'trainable weight' if kind == 'weight' else 'model input'}; rebuild the package")
+    if not _same(spec, named[kind][name]):
+        raise FormatError(f"{where}: a gradient should have the dtype and shape of {kind} {name!r}")
+    return kind, name

@@ -1,0 +1,67 @@
+"""Training packages (``--backward``) built once per test session, and the float64 eager reference they are
+checked against."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packages import EXAMPLES, MODELS, WORK, load_module
+
+MODEL_FILES = {"mlp": EXAMPLES / "mlp.py", "cnn": EXAMPLES / "cnn.py", "decoder": EXAMPLES / "decoder.py",
+               "classifier": MODELS / "classifier_loss.py"}
+
+
+@functools.lru_cache(maxsize=None)
+def training_package(name: str, *grad_inputs: str) -> Path:
+    """``MODEL.py --backward [--grad-inputs ...]`` exported into the session's work dir."""
+    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.pipeline import export
+
+    path = str(MODEL_FILES[name])
+    spec = load_model_file(path)
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, name=name, source_path=path,
+                 backward=True, grad_inputs=grad_inputs)
+    out = WORK / f"{name}-backward-{'-'.join(grad_inputs) or 'params'}.tcpkg"
+    pkg.save(out)
+    return out
+
+
+def module(name: str) -> torch.nn.Module:
+    """A fresh eager copy of the model file's module (same seeded weights as the package)."""
+    return load_module(MODEL_FILES[name]).model().eval()
+
+
+def reference_gradients(name: str, inputs: list[np.ndarray], grad_outputs: list[np.ndarray] | None,
+                        grad_inputs=()) -> tuple[list[np.ndarray], dict]:
+    """Outputs and gradients (parameters by name, then the named inputs) of the model in float64."""
+    from tcexport.exporter.model_file import forward_input_names
+
+    m = copy.deepcopy(module(name)).double()
+    tensors = [torch.from_numpy(x).double() if x.dtype.kind == "f" else torch.from_numpy(x) for x in inputs]
+    names = forward_input_names(m, len(inputs))
+    for n, t in zip(names, tensors):
+        if n in grad_inputs:
+            t.requires_grad_(True)
+    out = m(*tensors)
+    outs = out if isinstance(out, tuple) else (out,)
+    if grad_outputs is None:
+        outs[0].backward()
+    else:
+        torch.autograd.backward(outs, [torch.from_numpy(g).double() for g in grad_outputs])
+    grads = {k: p.grad.numpy() for k, p in m.named_parameters()}
+    grads.update({n: t.grad.numpy() for n, t in zip(names, tensors) if n in grad_inputs})
+    return [o.detach().numpy() for o in outs], grads
+
+
+def assert_gradients_close(got: dict, want: dict) -> None:
+    """float32 gradients against a float64 reference: relative to each gradient's own scale (a gradient that
+    is zero in exact arithmetic comes out as rounding noise)."""
+    assert sorted(got) == sorted(want)
+    for name, ref in want.items():
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(got[name], ref, rtol=1e-3, atol=2e-6 * scale, err_msg=name)
