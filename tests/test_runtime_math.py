@@ -177,3 +177,85 @@ def test_half_conversion_loops_vectorise(half_lib):
     lines = src.read_text().splitlines()
     wrappers = {str(k + 1) for k, line in enumerate(lines) if "h_" in line and "extern" in line}
     assert len(wrappers) == len(HALF_FUNCS) and wrappers <= vectorised, (isa, wrappers, vectorised)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tc_gemm: its own float32 kernel on AVX-512, BLAS elsewhere; splits across threads, fused epilogues
+
+GEMM_WRAPPER = r"""
+#include <omp.h>
+static void naive_sgemm(int, int ta, int tb, int m, int n, int k, float, const float* a, int lda, const float* b,
+                        int ldb, float, float* c, int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int q = 0; q < k; ++q)
+        s += double(ta == kTrans ? a[q * lda + i] : a[i * lda + q]) * double(tb == kTrans ? b[j * ldb + q] : b[q * ldb + j]);
+      c[i * ldc + j] = float(s);
+    }
+}
+// C = op(A) op(B) per batch; E[row, j] += C[row, j] + 1 in the epilogue (so a missed or repeated element shows)
+extern "C" void run_gemm(int nt, long batch, long m, long n, long k, int ta, const float* a, long lda, long a_batch,
+                         int tb, const float* b, long ldb, long b_batch, float* c, float* e) {
+  omp_set_dynamic(0);
+  tc_gemm<float>(naive_sgemm, nt, batch, m, n, k, ta != 0, a, lda, a_batch, tb != 0, b, ldb, b_batch, c,
+                 [&](int64_t row, int64_t j0, int64_t j1) {
+                   for (int64_t j = j0; j < j1; ++j) e[row * n + j] += c[row * n + j] + 1.0f;
+                 });
+}
+"""
+
+GEMM_SHAPES = [  # (batch, m, n, k): tiles, panel edges, k past one packed chunk (512), m = 1, k = 0
+    (1, 1, 1, 1), (1, 1, 256, 64), (1, 1, 37, 300), (1, 5, 3, 7), (1, 8, 32, 16), (1, 9, 33, 17), (1, 37, 70, 129),
+    (1, 96, 172, 64), (1, 130, 200, 64), (1, 64, 64, 1030), (1, 300, 64, 40), (1, 2, 500, 3), (3, 17, 45, 19),
+    (4, 32, 32, 32), (1, 7, 9, 0),
+]
+
+
+@pytest.fixture(scope="module", params=["x86-64-v3", "x86-64-v4"])
+def gemm_lib(request, tmp_path_factory):
+    """tc_gemm built as generated code is, with a naive double-accumulating "BLAS" (the path below AVX-512)."""
+    from tcexport.exporter import build
+    from tcexport.loader.native_cpu import cpu_flags
+
+    isa = next(i for i in build.ISA_LEVELS if i.name == request.param)
+    if not set(isa.requires) <= (cpu_flags() or set()):
+        pytest.skip(f"this CPU cannot run {isa.name}")
+    tmp = tmp_path_factory.mktemp(f"gemm-{isa.name}")
+    src = tmp / "gemm.cpp"
+    src.write_text(f'#include "{PRELUDE}"\nnamespace {{\n{GEMM_WRAPPER}\n}}\n'
+                   'extern "C" void gemm_entry(int nt, long batch, long m, long n, long k, int ta, const float* a, '
+                   'long lda, long a_batch, int tb, const float* b, long ldb, long b_batch, float* c, float* e) '
+                   '{ run_gemm(nt, batch, m, n, k, ta, a, lda, a_batch, tb, b, ldb, b_batch, c, e); }\n')
+    out = tmp / "gemm.so"
+    flags = [*build.BASE_FLAGS, f"-march={isa.name}", *build.ISA_FLAGS.get(isa.name, ())]
+    r = subprocess.run(["g++", *flags, str(src), "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr   # generated code builds with -Wall
+    lib = ctypes.CDLL(str(out))
+    i, l, ptr = ctypes.c_int, ctypes.c_long, ctypes.c_void_p
+    lib.gemm_entry.argtypes = [i, l, l, l, l, i, ptr, l, l, i, ptr, l, l, ptr, ptr]
+    return lib, isa.name
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_matches_float64_and_runs_each_epilogue_once(gemm_lib, ta, tb, threads):
+    lib, isa = gemm_lib
+    rng = np.random.default_rng(0)
+    p = ctypes.c_void_p
+    for batch, m, n, k in GEMM_SHAPES:
+        pad = 3  # leading dimensions wider than the operand: every row step goes through lda / ldb
+        a_rows, a_cols = (k, m) if ta else (m, k)
+        b_rows, b_cols = (n, k) if tb else (k, n)
+        a = rng.standard_normal((batch, a_rows, a_cols + pad), dtype=np.float32)
+        b = rng.standard_normal((batch, b_rows, b_cols + pad), dtype=np.float32)
+        c = np.full((batch, m, n), np.nan, np.float32)
+        e = np.zeros((batch, m, n), np.float32)
+        lib.gemm_entry(threads, batch, m, n, k, int(ta), a.ctypes.data_as(p), a_cols + pad, a[0].size,
+                       int(tb), b.ctypes.data_as(p), b_cols + pad, b[0].size, c.ctypes.data_as(p), e.ctypes.data_as(p))
+        av = a[:, :, :a_cols].astype(np.float64)
+        bv = b[:, :, :b_cols].astype(np.float64)
+        want = (av.transpose(0, 2, 1) if ta else av) @ (bv.transpose(0, 2, 1) if tb else bv)
+        where = f"{isa} threads={threads} ta={ta} tb={tb} batch={batch} m={m} n={n} k={k}"
+        np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5 * max(k, 1) ** 0.5 * 4, err_msg=where)
+        np.testing.assert_array_equal(e, c + 1, err_msg=f"epilogue: {where}")

@@ -12,9 +12,13 @@
 #include <exception>
 #include <limits>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 extern "C" {
 typedef struct {
@@ -182,45 +186,301 @@ inline float tc_tanh(float x) {
 
 inline float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
 
-// GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph).
-// Large products are split across the OpenMP threads by rows of C (or by columns when C is short and wide),
-// and batched products by batch first; each piece is one BLAS call on a contiguous slice.
-template <typename T, typename Gemm>
+// float32 GEMM on AVX-512: our own register-blocked kernel. The loader's OpenBLAS picks its kernels by CPU
+// model and runs AVX2 ones on CPUs it does not know (AMD Zen 4/5 report "Haswell"), at half this kernel's
+// speed; small products also skip BLAS's per-call overhead (2-3 us at m = 1).
+//   C tile (MR rows x 32 columns) in 2*MR zmm accumulators; per k: two vector loads of a B row segment, MR
+//   broadcasts of A, 2*MR FMAs. B panels are read in place when B is row-major (K x N) and packed K x 32 when
+//   B is a transposed operand (N x K rows, e.g. nn.Linear's weight), by 16 x 16 register transposes; K runs in
+//   chunks of kTcKc so a packed panel stays in L1/L2. A row of a transposed B with m = 1 is a dot product.
+#if defined(__AVX512F__)
+constexpr int kTcMr = 8;     // rows per micro-tile
+constexpr int kTcNr = 32;    // columns per micro-tile (two zmm)
+constexpr int kTcKc = 512;   // k per packed panel (64 KB)
+
+inline __mmask16 tc_lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? static_cast<__mmask16>(0)
+                                                            : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// C[0..MR) x [0..32) (lanes masked by m0/m1) = (acc ? C : 0) + sum_k A(r, k) B[k][0..32); A(r, k) is
+// A[r * lda + k], or A[k * lda + r] when TA; B rows are ldb apart.
+template <int MR, bool TA>
+inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                           int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, B + k * ldb);
+    const __m512 b1 = _mm512_maskz_loadu_ps(m1, B + k * ldb + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 a = _mm512_set1_ps(TA ? A[k * lda + r] : A[r * lda + k]);
+      c0[r] = _mm512_fmadd_ps(a, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(a, b1, c1[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    if (acc) {
+      c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(m0, C + r * ldc));
+      c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(m1, C + r * ldc + 16));
+    }
+    _mm512_mask_storeu_ps(C + r * ldc, m0, c0[r]);
+    _mm512_mask_storeu_ps(C + r * ldc + 16, m1, c1[r]);
+  }
+}
+
+template <int MR, bool TA>
+inline void tc_sgemm_rows_dispatch(int64_t rows, int64_t K, const float* A, int64_t lda, const float* B,
+                                   int64_t ldb, float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+  if constexpr (MR > 0) {
+    if (rows == MR) tc_sgemm_micro<MR, TA>(K, A, lda, B, ldb, C, ldc, m0, m1, acc);
+    else tc_sgemm_rows_dispatch<MR - 1, TA>(rows, K, A, lda, B, ldb, C, ldc, m0, m1, acc);
+  }
+}
+
+// Rows [0, M) of one 32-column panel, MR at a time; ``tile(i, rows)`` runs after each finished tile.
+template <bool TA, typename Tile>
+inline void tc_sgemm_panel(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                           float* C, int64_t ldc, int64_t width, bool acc, Tile tile) {
+  const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
+  for (int64_t i = 0; i < M; i += kTcMr) {
+    const int64_t rows = std::min<int64_t>(kTcMr, M - i);
+    const float* a = A + (TA ? i : i * lda);
+    if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA>(K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
+    else tc_sgemm_rows_dispatch<kTcMr - 1, TA>(rows, K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
+    tile(i, rows);
+  }
+}
+
+// Shuffles through their zero-masked forms: the plain intrinsics read GCC 12's "undefined" vector, which trips
+// -Wmaybe-uninitialized once inlined; with a full mask the instructions are the same.
+template <int I> inline __m512 tc_shuffle128(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xffff, a, b, I); }
+template <int I> inline __m512 tc_permute(__m512 a) { return _mm512_maskz_permute_ps(0xffff, a, I); }
+inline __m512 tc_unpacklo(__m512 a, __m512 b) { return _mm512_maskz_unpacklo_ps(0xffff, a, b); }
+inline __m512 tc_unpackhi(__m512 a, __m512 b) { return _mm512_maskz_unpackhi_ps(0xffff, a, b); }
+inline __m512 tc_unpacklo64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, _mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+inline __m512 tc_unpackhi64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, _mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+
+// dst[c * ldd + 0..16) = column c of the 16 x 16 block src[r * lds + 0..16) (rows past ``rows`` and lanes
+// outside ``cols_mask`` read as 0), for c < ncols.
+inline void tc_transpose16(const float* src, int64_t lds, int rows, __mmask16 cols_mask, float* dst, int64_t ldd,
+                           int ncols) {
+  __m512 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(cols_mask, src + i * lds) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = tc_unpacklo(r[i], r[i + 1]);
+    t[i + 1] = tc_unpackhi(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = tc_unpacklo64(t[i], t[i + 2]);
+    r[i + 1] = tc_unpackhi64(t[i], t[i + 2]);
+    r[i + 2] = tc_unpacklo64(t[i + 1], t[i + 3]);
+    r[i + 3] = tc_unpackhi64(t[i + 1], t[i + 3]);
+  }
+  // r[4q + s], 128-bit lane L: element s of the 4 columns 4L..4L+3, for rows 4q..4q+3
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; ++s) {
+    const __m512 a = tc_shuffle128<0x88>(r[s], r[4 + s]), b = tc_shuffle128<0xdd>(r[s], r[4 + s]);
+    const __m512 c = tc_shuffle128<0x88>(r[8 + s], r[12 + s]), d = tc_shuffle128<0xdd>(r[8 + s], r[12 + s]);
+    t[s] = tc_shuffle128<0x88>(a, c);
+    t[4 + s] = tc_shuffle128<0x88>(b, d);
+    t[8 + s] = tc_shuffle128<0xdd>(a, c);
+    t[12 + s] = tc_shuffle128<0xdd>(b, d);
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c)
+    if (c < ncols) _mm512_storeu_ps(dst + c * ldd, t[c]);
+}
+
+// Columns [j, j + width) and k in [k0, k0 + kc) of B = Bt^T (Bt: N x K, rows ldb apart) as a kc x 32 panel.
+inline void tc_sgemm_pack_t(const float* Bt, int64_t ldb, int64_t j, int64_t width, int64_t k0, int64_t kc,
+                            float* panel) {
+  for (int64_t k = 0; k < kc; k += 16) {
+    const int kn = static_cast<int>(std::min<int64_t>(16, kc - k));
+    for (int h = 0; h < 2; ++h) {
+      const int rows = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(16, width - 16 * h)));
+      tc_transpose16(Bt + (j + 16 * h) * ldb + k0 + k, ldb, rows, tc_lanes(kn), panel + k * kTcNr + 16 * h, kTcNr,
+                     kn);
+    }
+  }
+}
+
+// The sum of a vector's lanes (_mm512_reduce_add_ps trips -Wmaybe-uninitialized, see tc_shuffle128).
+inline float tc_hsum(__m512 v) {
+  v = _mm512_add_ps(v, tc_shuffle128<0x4e>(v, v));
+  v = _mm512_add_ps(v, tc_shuffle128<0xb1>(v, v));
+  v = _mm512_add_ps(v, tc_permute<0x4e>(v));
+  v = _mm512_add_ps(v, tc_permute<0xb1>(v));
+  return _mm512_cvtss_f32(v);
+}
+
+// c[j] = a . Bt[j] for j < N (one row of A times a transposed B): four dot products at a time.
+inline void tc_sgemv_t(int64_t N, int64_t K, const float* a, const float* Bt, int64_t ldb, float* c) {
+  const int64_t kv = K - K % 16;
+  const __mmask16 tail = tc_lanes(K % 16);
+  int64_t j = 0;
+  for (; j + 4 <= N; j += 4) {
+    const float* b = Bt + j * ldb;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t k = 0; k < kv; k += 16) {
+      const __m512 x = _mm512_loadu_ps(a + k);
+      s0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + k), s0);
+      s1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + ldb + k), s1);
+      s2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 2 * ldb + k), s2);
+      s3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(b + 3 * ldb + k), s3);
+    }
+    if (tail) {
+      const __m512 x = _mm512_maskz_loadu_ps(tail, a + kv);
+      s0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, b + kv), s0);
+      s1 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, b + ldb + kv), s1);
+      s2 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, b + 2 * ldb + kv), s2);
+      s3 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(tail, b + 3 * ldb + kv), s3);
+    }
+    c[j] = tc_hsum(s0);
+    c[j + 1] = tc_hsum(s1);
+    c[j + 2] = tc_hsum(s2);
+    c[j + 3] = tc_hsum(s3);
+  }
+  for (; j < N; ++j) {
+    const float* b = Bt + j * ldb;
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kv; k += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s);
+    if (tail) s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + kv), _mm512_maskz_loadu_ps(tail, b + kv), s);
+    c[j] = tc_hsum(s);
+  }
+}
+
+// C (M x N, rows ldc apart) = op(A) op(B) on the calling thread; ``epi(i, j0, j1)`` runs on row i, columns
+// [j0, j1) of each finished tile (while it is in L1).
+template <typename Epi>
+inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda, bool tb,
+                         const float* B, int64_t ldb, float* C, int64_t ldc, Epi epi) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) {
+      std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+      epi(i, 0, N);
+    }
+    return;
+  }
+  if (M == 1 && tb && !ta) {
+    tc_sgemv_t(N, K, A, B, ldb, C);
+    epi(0, 0, N);
+    return;
+  }
+  alignas(64) static thread_local float panel[kTcKc * kTcNr];
+  for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
+    const int64_t kc = std::min<int64_t>(kTcKc, K - k0);
+    const bool last = k0 + kc >= K;
+    const float* a = A + (ta ? k0 * lda : k0);
+    for (int64_t j = 0; j < N; j += kTcNr) {
+      const int64_t width = std::min<int64_t>(kTcNr, N - j);
+      const float* b = B + k0 * ldb + j;
+      int64_t ldp = ldb;
+      if (tb) {
+        tc_sgemm_pack_t(B, ldb, j, width, k0, kc, panel);
+        b = panel;
+        ldp = kTcNr;
+      }
+      auto tile = [&](int64_t i, int64_t rows) {
+        if (last)
+          for (int64_t r = 0; r < rows; ++r) epi(i + r, j, j + width);
+      };
+      if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, tile);
+      else tc_sgemm_panel<false>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, tile);
+    }
+  }
+}
+#endif
+
+struct tc_no_epilogue {
+  void operator()(int64_t, int64_t, int64_t) const {}
+};
+
+// How tc_gemm shares one product among threads: by batch, else by rows of C, else by columns (when C is
+// short and wide, or when B must be packed: each thread then packs only its own columns). Pieces are whole
+// micro-tiles (``row_step`` rows, ``col_step`` columns).
+struct tc_gemm_split {
+  int threads;
+  int64_t parts;
+  bool by_rows;
+  int64_t row_step, col_step;
+
+  tc_gemm_split(int nt, int64_t batch, int64_t M, int64_t N, int64_t K, bool packs_b, bool own) {
+    const double work = double(batch) * double(M) * double(N) * double(K > 0 ? K : 1);
+    threads = work >= 262144.0 ? nt : 1;  // below 64^3 a split costs more than it saves
+    row_step = own ? 8 : 1;
+    col_step = own ? 32 : 1;
+    const bool wide = N >= 2 * col_step * threads;
+    by_rows = own ? !(wide && (packs_b || M < 8 * threads * row_step)) : (M >= N || M >= 8 * threads);
+    const int64_t units = by_rows ? (M + row_step - 1) / row_step : (N + col_step - 1) / col_step;
+    parts = batch >= threads ? 1 : std::min<int64_t>(units, threads);
+  }
+
+  // [lo, hi) of piece p over an extent of n (rows or columns), in whole steps
+  void range(int64_t p, int64_t n, int64_t& lo, int64_t& hi) const {
+    const int64_t step = by_rows ? row_step : col_step;
+    const int64_t units = (n + step - 1) / step;
+    lo = std::min<int64_t>(n, p * units / parts * step);
+    hi = std::min<int64_t>(n, (p + 1) * units / parts * step);
+  }
+};
+
+// GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph),
+// or for float32 on AVX-512 through tc_sgemm_own. The work is split across the OpenMP threads (tc_gemm_split);
+// each piece is one BLAS call (or one own-kernel call) on a contiguous slice, followed by the epilogue on the
+// rows it produced: ``epi(row, j0, j1)`` with row = b * M + i, the flat row of C.
+template <typename T, typename Gemm, typename Epi = tc_no_epilogue>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
                     bool ta, const T* A, int64_t lda, int64_t a_batch,
-                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C) {
+                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C, Epi epi = Epi()) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
-  const double work = double(batch) * double(M) * double(N) * double(K > 0 ? K : 1);
-  const int threads = work >= 262144.0 ? nt : 1;  // below 64^3 a split costs more than it saves
-  const bool by_rows = M >= N || M >= 8 * threads;
-  const int64_t parts = batch >= threads ? 1 : std::min<int64_t>(by_rows ? M : N, threads);
+#if defined(__AVX512F__)
+  constexpr bool own = std::is_same<T, float>::value;
+#else
+  constexpr bool own = false;
+#endif
+  const tc_gemm_split split(nt, batch, M, N, K, own && tb && !(M == 1 && !ta), own);
   auto piece = [&](int64_t b, int64_t p) {
     const T* a = A + b * a_batch;
     const T* bb = B + b * b_batch;
     T* c = C + b * M * N;
-    int64_t m = M, n = N;
-    if (parts > 1 && by_rows) {
-      const int64_t m0 = p * M / parts, m1 = (p + 1) * M / parts;
-      a += ta ? m0 : m0 * lda;
-      c += m0 * N;
-      m = m1 - m0;
-    } else if (parts > 1) {
-      const int64_t n0 = p * N / parts, n1 = (p + 1) * N / parts;
-      bb += tb ? n0 * ldb : n0;
-      c += n0;
-      n = n1 - n0;
+    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+    if (split.parts > 1 && split.by_rows) split.range(p, M, m0, m1);
+    else if (split.parts > 1) split.range(p, N, n0, n1);
+    a += ta ? m0 : m0 * lda;
+    bb += tb ? n0 * ldb : n0;
+    c += m0 * N + n0;
+    const int64_t m = m1 - m0, n = n1 - n0, row0 = b * M + m0;
+    if (m <= 0 || n <= 0) return;
+#if defined(__AVX512F__)
+    if constexpr (own) {
+      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N,
+                   [&](int64_t i, int64_t j0, int64_t j1) { epi(row0 + i, n0 + j0, n0 + j1); });
+      return;
     }
-    if (m > 0 && n > 0)
-      gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
-           bb, (int)ldb, T(0), c, (int)N);
+#endif
+    gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
+         bb, (int)ldb, T(0), c, (int)N);
+    for (int64_t i = 0; i < m; ++i) epi(row0 + i, n0, n1);
   };
-  if (threads > 1) {  // no OpenMP region at all otherwise: even a one-thread region costs ~0.5 us
-    #pragma omp parallel for num_threads(threads) collapse(2) schedule(static)
+  if (split.threads > 1) {  // no OpenMP region at all otherwise: even a one-thread region costs ~0.5 us
+    #pragma omp parallel for num_threads(split.threads) collapse(2) schedule(static)
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t p = 0; p < parts; ++p) piece(b, p);
+      for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
   } else {
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t p = 0; p < parts; ++p) piece(b, p);
+      for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
   }
 }
 
