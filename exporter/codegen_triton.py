@@ -421,7 +421,7 @@ class GemmConfig:
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
     """Heuristics, from a sweep of this template on an H200 over GPT-2 small's GEMMs (M 128 and 1024; N 768 to
     50257; K 768, 3072) and its attention products: for 16-bit floats, 64x64x128 tiles (4 warps, 3 stages) when N
-    is at most 1024, 64x128x64 up to 16K columns, 128x128x64 with 8 warps for a vocabulary-sized N. float32
+    is at most 1024, 64x128x64 up to 16K columns, 128x256x64 with 8 warps for a vocabulary-sized N. float32
     (full-precision dots) takes 64x64x32, float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs
     at least 16); BK never exceeds what K needs."""
     if dtype in HALF:
@@ -430,7 +430,7 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
         elif n_max is not None and n_max <= 16384:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
         else:
-            bm, bn, bk, warps, stages = 128, 128, 64, 8, 3
+            bm, bn, bk, warps, stages = 128, 256, 64, 8, 3
     elif dtype == "float32":
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3
     else:
@@ -666,7 +666,11 @@ class TritonWriter:
         cfg = gemm_config(a_dtype if native else g.acc_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
         acc_t = TL_TYPE[g.acc_dtype]
-        precision = ', input_precision="ieee"' if not native or a_dtype in ("float32", "float64") else ""
+        # full-precision float32 dots, except a float32 operand times a 16-bit one (attention's probabilities times
+        # bf16 values): tf32 holds the 16-bit operand exactly and rounds the other to 11 significant bits, finer
+        # than the 16-bit rounding eager's fused attention applies there, and it runs on the tensor cores
+        precision = "" if native and a_dtype in HALF else \
+            (', input_precision="tf32"' if not native and g.acc_dtype == "float32" else ', input_precision="ieee"')
         widen_a = "" if native or a_dtype not in HALF else f".to({acc_t})"
         widen_b = "" if native or b_dtype not in HALF else f".to({acc_t})"
         cast = ".to(tl.int64)" if self.bits == 64 else ""

@@ -226,7 +226,7 @@ def fold_copies_into_operands(prog: ir.Program) -> None:
     producers = prog.producers()
     for g in [n for n in prog.nodes if n.kind == "gemm"]:
         batched = g.gemm.batch != 1
-        for side, rows, cols in (("a", g.gemm.m, g.gemm.k), ("b", g.gemm.k, g.gemm.n)):
+        for side, rows, cols in [("a", g.gemm.m, g.gemm.k)] * 4 + [("b", g.gemm.k, g.gemm.n)] * 4:  # chains
             op = getattr(g.gemm, side)
             p = producers.get(op.buffer)
             load = _copied(p, g.gemm.acc_dtype) if p is not None and p.kind == "pointwise" else None
