@@ -54,8 +54,17 @@ def _describe(m: Manifest, names: list[str]) -> list[str]:
     lines += [f"  returns: {m.output_structure}", "", "symbols:"]
     lines += [f"  {s.name}: {s.min}..{'inf' if s.max is None else s.max}" for s in m.symbols] or ["  (none: all shapes static)"]
     lines += ["", "guards:"] + ([f"  {ex.to_text(g.expr)}    # {g.message}" for g in m.guards] or ["  (none)"])
-    lines += ["", "kernels:"] + [f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
-                                 f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]" for k in m.kernels]
+    lines += ["", "kernels:"]
+    for k in m.kernels:
+        lines.append(f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
+                     f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]")
+        if k.cubins:
+            lines.append(f"    {len(k.cubins)} cubins, shared memory up to {max(c.shared for c in k.cubins)} bytes")
+    if m.cuda is not None:
+        lines += ["", f"cuda launches (Triton {m.cuda.triton}):"]
+        lines += [f"  {l.name}: grid ({', '.join(ex.to_text(g) for g in l.grid)})  "
+                  f"{' '.join(f'{n}={v}' for n, v in l.block.items())}  warps {l.num_warps}  stages {l.num_stages}  "
+                  f"int{l.index_bits}" for l in m.cuda.launches]
     lines += ["", "plan:", f"  workspace_bytes: {ex.to_text(m.workspace_bytes)}"]
     lines += [f"  {k}: {ex.to_text(v) if k.endswith('_bytes') or k.endswith('_without_reuse') else _short(v)}"
               for k, v in sorted(m.plan.items())]
