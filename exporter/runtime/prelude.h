@@ -30,6 +30,10 @@ typedef struct {
 } tc_context;
 }
 
+// Element functions are always inlined: a loop that calls one out of line stays scalar, and GCC's inliner
+// stops inlining plain ``inline`` functions once a large translation unit has grown past its unit-growth budget.
+#define TC_INLINE inline __attribute__((always_inline))
+
 namespace {
 typedef void (*tc_sgemm_fn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
                             float*, int);
@@ -37,27 +41,27 @@ typedef void (*tc_dgemm_fn)(int, int, int, int, int, int, double, const double*,
                             double*, int);
 enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
-template <typename T> inline T tc_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <typename T> inline T tc_min(T a, T b) { return (a != a || a < b) ? a : b; }
-template <typename T> inline T tc_relu(T a) { return (a != a || a > T(0)) ? a : T(0); }
-template <typename T> inline T tc_sign(T a) { return T((T(0) < a) - (a < T(0))); }
-inline int64_t tc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
-inline int64_t tc_pymod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
-template <typename T> inline T tc_fpymod(T a, T b) { T r = std::fmod(a, b); return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? r + b : r; }
+template <typename T> TC_INLINE T tc_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> TC_INLINE T tc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> TC_INLINE T tc_relu(T a) { return (a != a || a > T(0)) ? a : T(0); }
+template <typename T> TC_INLINE T tc_sign(T a) { return T((T(0) < a) - (a < T(0))); }
+TC_INLINE int64_t tc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+TC_INLINE int64_t tc_pymod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+template <typename T> TC_INLINE T tc_fpymod(T a, T b) { T r = std::fmod(a, b); return (r != T(0) && ((r < T(0)) != (b < T(0)))) ? r + b : r; }
 
-inline float tc_bits_to_float(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
-inline int32_t tc_float_to_bits(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
+TC_INLINE float tc_bits_to_float(int32_t i) { float f; std::memcpy(&f, &i, 4); return f; }
+TC_INLINE int32_t tc_float_to_bits(float f) { int32_t i; std::memcpy(&i, &f, 4); return i; }
 
 // 16-bit floats are stored as uint16_t bit patterns and computed in float32. The conversions are plain integer
 // and float arithmetic with selects instead of branches, so loops over them vectorise at every ISA level (GCC
 // 12 turns _Float16 casts into libgcc calls on baseline x86-64 and keeps them scalar even with F16C). Rounding
 // is to nearest even, NaN stays NaN (quiet, sign kept), overflow goes to infinity: bit-exact with PyTorch for
 // every value but NaN's payload (tests/test_runtime_math.py checks every 16-bit pattern and ~4M float32s).
-inline float tc_bf16_to_float(uint16_t h) {
+TC_INLINE float tc_bf16_to_float(uint16_t h) {
   return tc_bits_to_float(static_cast<int32_t>(static_cast<uint32_t>(h) << 16));
 }
 
-inline uint16_t tc_float_to_bf16(float f) {
+TC_INLINE uint16_t tc_float_to_bf16(float f) {
   const uint32_t u = static_cast<uint32_t>(tc_float_to_bits(f));
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const uint32_t quiet = (u >> 16) | 0x40u;
@@ -66,7 +70,7 @@ inline uint16_t tc_float_to_bf16(float f) {
 
 // float16 -> float32 is exact: normals and inf/NaN by rebiasing the exponent, subnormals by one exact float
 // subtraction (m * 2^-24 as (2^-14 + m * 2^-24) - 2^-14).
-inline float tc_f16_to_float(uint16_t h) {
+TC_INLINE float tc_f16_to_float(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h);
   const uint32_t sign = (u & 0x8000u) << 16;
   const uint32_t em = (u & 0x7fffu) << 13;  // exponent and mantissa in their float32 places
@@ -82,7 +86,7 @@ inline float tc_f16_to_float(uint16_t h) {
 // float32 -> float16: normals round by integer addition on the bits (rebias, add half an ulp minus one, plus
 // the kept lowest bit: ties go to even); below 2^-14 adding 0.5 makes the FPU round to a multiple of 2^-24,
 // the subnormal step; from 65520 up the result is infinity.
-inline uint16_t tc_float_to_f16(float f) {
+TC_INLINE uint16_t tc_float_to_f16(float f) {
   const uint32_t u = static_cast<uint32_t>(tc_float_to_bits(f));
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
@@ -95,12 +99,12 @@ inline uint16_t tc_float_to_f16(float f) {
 }
 
 // A float32 value rounded to the nearest 16-bit float (an explicit cast inside a fused expression).
-inline float tc_round_f16(float f) { return tc_f16_to_float(tc_float_to_f16(f)); }
-inline float tc_round_bf16(float f) { return tc_bf16_to_float(tc_float_to_bf16(f)); }
+TC_INLINE float tc_round_f16(float f) { return tc_f16_to_float(tc_float_to_f16(f)); }
+TC_INLINE float tc_round_bf16(float f) { return tc_bf16_to_float(tc_float_to_bf16(f)); }
 
 // exp: x = k ln2 + r, |r| <= ln2/2; exp(r) by a degree-6 polynomial (Cephes expf); 2^k from the exponent bits.
 // Below -87.34 the result is flushed to 0 (the true value is a denormal under 1.2e-38).
-inline float tc_exp(float x) {
+TC_INLINE float tc_exp(float x) {
   const float hi = 88.7228394f, lo = -87.3365447f;
   float xc = std::min(std::max(x, lo), hi);
   float k = std::floor(xc * 1.44269504088896341f + 0.5f);
@@ -119,7 +123,7 @@ inline float tc_exp(float x) {
 }
 
 // log: x = m 2^e with m in [sqrt(1/2), sqrt(2)); log(m) by Cephes logf's polynomial.
-inline float tc_log(float x) {
+TC_INLINE float tc_log(float x) {
   const float tiny = 1.17549435e-38f;
   float xs = x < tiny ? x * 8388608.0f : x;  // lift denormals into the normal range (2^23)
   float ebias = x < tiny ? -23.0f : 0.0f;
@@ -151,7 +155,7 @@ inline float tc_log(float x) {
 
 // erf: a rational minimax approximation x P(x^2) / Q(x^2) on [-4, 4] (the form Eigen uses); erf is +-1 in
 // float32 beyond |x| = 4. No exp, no branch.
-inline float tc_erf(float x) {
+TC_INLINE float tc_erf(float x) {
   float xc = std::min(std::max(x, -4.0f), 4.0f);
   float z = xc * xc;
   float p = -2.72614225801306e-10f;
@@ -171,7 +175,7 @@ inline float tc_erf(float x) {
 }
 
 // tanh: an odd polynomial near 0 (Cephes tanhf), 1 - 2/(exp(2|x|)+1) elsewhere; both are computed and one kept.
-inline float tc_tanh(float x) {
+TC_INLINE float tc_tanh(float x) {
   float a = std::fabs(x);
   float z = x * x;
   float p = -5.70498872745e-3f;
@@ -184,7 +188,7 @@ inline float tc_tanh(float x) {
   return a < 0.625f ? near0 : far;
 }
 
-inline float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
+TC_INLINE float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
 
 // float32 GEMM on AVX-512: our own register-blocked kernel. The loader's OpenBLAS picks its kernels by CPU
 // model and runs AVX2 ones on CPUs it does not know (AMD Zen 4/5 report "Haswell"), at half this kernel's
@@ -198,7 +202,7 @@ constexpr int kTcMr = 8;     // rows per micro-tile
 constexpr int kTcNr = 32;    // columns per micro-tile (two zmm)
 constexpr int kTcKc = 512;   // k per packed panel (64 KB)
 
-inline __mmask16 tc_lanes(int64_t n) {
+TC_INLINE __mmask16 tc_lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? static_cast<__mmask16>(0)
                                                             : static_cast<__mmask16>((1u << n) - 1);
 }
@@ -241,30 +245,29 @@ inline void tc_sgemm_rows_dispatch(int64_t rows, int64_t K, const float* A, int6
   }
 }
 
-// Rows [0, M) of one 32-column panel, MR at a time; ``tile(i, rows)`` runs after each finished tile.
-template <bool TA, typename Tile>
+// Rows [0, M) of one 32-column panel, MR at a time.
+template <bool TA>
 inline void tc_sgemm_panel(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                           float* C, int64_t ldc, int64_t width, bool acc, Tile tile) {
+                           float* C, int64_t ldc, int64_t width, bool acc) {
   const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
   for (int64_t i = 0; i < M; i += kTcMr) {
     const int64_t rows = std::min<int64_t>(kTcMr, M - i);
     const float* a = A + (TA ? i : i * lda);
     if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA>(K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
     else tc_sgemm_rows_dispatch<kTcMr - 1, TA>(rows, K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
-    tile(i, rows);
   }
 }
 
 // Shuffles through their zero-masked forms: the plain intrinsics read GCC 12's "undefined" vector, which trips
 // -Wmaybe-uninitialized once inlined; with a full mask the instructions are the same.
-template <int I> inline __m512 tc_shuffle128(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xffff, a, b, I); }
-template <int I> inline __m512 tc_permute(__m512 a) { return _mm512_maskz_permute_ps(0xffff, a, I); }
-inline __m512 tc_unpacklo(__m512 a, __m512 b) { return _mm512_maskz_unpacklo_ps(0xffff, a, b); }
-inline __m512 tc_unpackhi(__m512 a, __m512 b) { return _mm512_maskz_unpackhi_ps(0xffff, a, b); }
-inline __m512 tc_unpacklo64(__m512 a, __m512 b) {
+template <int I> TC_INLINE __m512 tc_shuffle128(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xffff, a, b, I); }
+template <int I> TC_INLINE __m512 tc_permute(__m512 a) { return _mm512_maskz_permute_ps(0xffff, a, I); }
+TC_INLINE __m512 tc_unpacklo(__m512 a, __m512 b) { return _mm512_maskz_unpacklo_ps(0xffff, a, b); }
+TC_INLINE __m512 tc_unpackhi(__m512 a, __m512 b) { return _mm512_maskz_unpackhi_ps(0xffff, a, b); }
+TC_INLINE __m512 tc_unpacklo64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(0xff, _mm512_castps_pd(a), _mm512_castps_pd(b)));
 }
-inline __m512 tc_unpackhi64(__m512 a, __m512 b) {
+TC_INLINE __m512 tc_unpackhi64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(0xff, _mm512_castps_pd(a), _mm512_castps_pd(b)));
 }
 
@@ -316,7 +319,7 @@ inline void tc_sgemm_pack_t(const float* Bt, int64_t ldb, int64_t j, int64_t wid
 }
 
 // The sum of a vector's lanes (_mm512_reduce_add_ps trips -Wmaybe-uninitialized, see tc_shuffle128).
-inline float tc_hsum(__m512 v) {
+TC_INLINE float tc_hsum(__m512 v) {
   v = _mm512_add_ps(v, tc_shuffle128<0x4e>(v, v));
   v = _mm512_add_ps(v, tc_shuffle128<0xb1>(v, v));
   v = _mm512_add_ps(v, tc_permute<0x4e>(v));
@@ -360,28 +363,21 @@ inline void tc_sgemv_t(int64_t N, int64_t K, const float* a, const float* Bt, in
   }
 }
 
-// C (M x N, rows ldc apart) = op(A) op(B) on the calling thread; ``epi(i, j0, j1)`` runs on row i, columns
-// [j0, j1) of each finished tile (while it is in L1).
-template <typename Epi>
+// C (M x N, rows ldc apart) = op(A) op(B) on the calling thread.
 inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda, bool tb,
-                         const float* B, int64_t ldb, float* C, int64_t ldc, Epi epi) {
+                         const float* B, int64_t ldb, float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i) {
-      std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-      epi(i, 0, N);
-    }
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
   if (M == 1 && tb && !ta) {
     tc_sgemv_t(N, K, A, B, ldb, C);
-    epi(0, 0, N);
     return;
   }
   alignas(64) static thread_local float panel[kTcKc * kTcNr];
   for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
     const int64_t kc = std::min<int64_t>(kTcKc, K - k0);
-    const bool last = k0 + kc >= K;
     const float* a = A + (ta ? k0 * lda : k0);
     for (int64_t j = 0; j < N; j += kTcNr) {
       const int64_t width = std::min<int64_t>(kTcNr, N - j);
@@ -392,20 +388,12 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
         b = panel;
         ldp = kTcNr;
       }
-      auto tile = [&](int64_t i, int64_t rows) {
-        if (last)
-          for (int64_t r = 0; r < rows; ++r) epi(i + r, j, j + width);
-      };
-      if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, tile);
-      else tc_sgemm_panel<false>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, tile);
+      if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
+      else tc_sgemm_panel<false>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
     }
   }
 }
 #endif
-
-struct tc_no_epilogue {
-  void operator()(int64_t, int64_t, int64_t) const {}
-};
 
 // How tc_gemm shares one product among threads: by batch, else by rows of C, else by columns (when C is
 // short and wide, or when B must be packed: each thread then packs only its own columns). Pieces are whole
@@ -438,12 +426,11 @@ struct tc_gemm_split {
 
 // GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph),
 // or for float32 on AVX-512 through tc_sgemm_own. The work is split across the OpenMP threads (tc_gemm_split);
-// each piece is one BLAS call (or one own-kernel call) on a contiguous slice, followed by the epilogue on the
-// rows it produced: ``epi(row, j0, j1)`` with row = b * M + i, the flat row of C.
-template <typename T, typename Gemm, typename Epi = tc_no_epilogue>
+// each piece is one BLAS call (or one own-kernel call) on a contiguous slice.
+template <typename T, typename Gemm>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
                     bool ta, const T* A, int64_t lda, int64_t a_batch,
-                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C, Epi epi = Epi()) {
+                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
 #if defined(__AVX512F__)
   constexpr bool own = std::is_same<T, float>::value;
@@ -461,18 +448,16 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     a += ta ? m0 : m0 * lda;
     bb += tb ? n0 * ldb : n0;
     c += m0 * N + n0;
-    const int64_t m = m1 - m0, n = n1 - n0, row0 = b * M + m0;
+    const int64_t m = m1 - m0, n = n1 - n0;
     if (m <= 0 || n <= 0) return;
 #if defined(__AVX512F__)
     if constexpr (own) {
-      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N,
-                   [&](int64_t i, int64_t j0, int64_t j1) { epi(row0 + i, n0 + j0, n0 + j1); });
+      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N);
       return;
     }
 #endif
     gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
          bb, (int)ldb, T(0), c, (int)N);
-    for (int64_t i = 0; i < m; ++i) epi(row0 + i, n0, n1);
   };
   if (split.threads > 1) {  // no OpenMP region at all otherwise: even a one-thread region costs ~0.5 us
     #pragma omp parallel for num_threads(split.threads) collapse(2) schedule(static)
@@ -485,9 +470,9 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
 }
 
 // float64 and integer arguments keep the C library (accuracy first; these are rare in inference graphs).
-inline double tc_exp(double x) { return std::exp(x); }
-inline double tc_log(double x) { return std::log(x); }
-inline double tc_erf(double x) { return std::erf(x); }
-inline double tc_tanh(double x) { return std::tanh(x); }
-inline double tc_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+TC_INLINE double tc_exp(double x) { return std::exp(x); }
+TC_INLINE double tc_log(double x) { return std::log(x); }
+TC_INLINE double tc_erf(double x) { return std::erf(x); }
+TC_INLINE double tc_tanh(double x) { return std::tanh(x); }
+TC_INLINE double tc_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 }  // namespace
