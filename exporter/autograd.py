@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch._functorch.aot_autograd import aot_export_joint_simple
+from torch._functorch._aot_autograd.schemas import OutputType
+from torch._functorch.aot_autograd import _aot_export_function
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind, OutputKind
@@ -148,8 +149,7 @@ def trace_joint(ep: torch.export.ExportedProgram, spec: ModelSpec, grad_inputs: 
         outs = flat_forward(*primals)
     tangent_outputs = [k for k, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
     try:
-        joint = aot_export_joint_simple(flat_forward, tuple(primals), trace_joint=True,
-                                        decompositions=decomposition_table())
+        joint = _joint_graph(flat_forward, primals, spec)
         forward, backward = min_cut_rematerialization_partition(
             joint, primals, compiler="inductor", num_fwd_outputs=len(outs),
             static_lifetime_input_indices=[k for k, s in enumerate(specs) if s.kind in WEIGHT_KINDS])
@@ -159,6 +159,25 @@ def trace_joint(ep: torch.export.ExportedProgram, spec: ModelSpec, grad_inputs: 
         raise CaptureError(f"AOT autograd could not trace the backward of {spec.path}: {type(e).__name__}: {e}") \
             from e
     return Joint(ep, forward, backward, specs, len(outs), tangent_outputs, trainable, wants)
+
+
+def _joint_graph(flat_forward, primals: list, spec: ModelSpec) -> torch.fx.GraphModule:
+    """AOT autograd's joint graph (primals, tangents -> outputs, one gradient per primal), as
+    ``aot_export_joint_simple`` traces it, with its calling-convention checks, except that an output may be an
+    ``_unsafe_view`` of an intermediate (a Linear on a 3-D input ends in one): that is a fresh tensor to every
+    caller, and the joint graph returns it as one."""
+    joint, meta, _, _ = _aot_export_function(flat_forward, tuple(primals), decompositions=decomposition_table(),
+                                             trace_joint=True)
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        raise CaptureError(f"{spec.path}: the forward mutates one of its inputs or weights in place; a training "
+                           f"package needs a forward without side effects. Remove the in-place update.")
+    fresh = (OutputType.non_alias, OutputType.unsafe_view_alias)
+    for k, info in enumerate(meta.output_info):
+        if info.output_type not in fresh:
+            raise CaptureError(f"{spec.path}: output {k} of the forward is a view of an input or of another "
+                               f"tensor ({info.output_type.name}); AOT autograd exports no backward for it. Return "
+                               f"a copy (`.clone()`) of that output.")
+    return joint
 
 
 def _user_input_names(specs, input_names: list[str]) -> dict[str, str]:
