@@ -123,3 +123,33 @@ def test_torch_tensors_in_and_out():
     ref = m.backward(m.forward(x.numpy(), grad=True)[1], np.ones((4, 32), np.float32))
     for k in ref:
         np.testing.assert_array_equal(grads[k].numpy(), ref[k])
+
+
+def test_derived_dims_and_two_outputs():
+    """Inputs tied by derived dims (2*seq, seq-1) and a model with two outputs: every input's gradient and the
+    parameter's, at several (batch, seq); the training forward checks the same guards as inference."""
+    m = L.load(training_package("dyn_derived", "x", "pairs", "prev"))
+    for batch, seq in ((1, 2), (3, 7), (2, 64)):
+        rng = np.random.default_rng(seq)
+        inputs = [rng.standard_normal((batch, n, 8), dtype=np.float32) for n in (seq, 2 * seq, seq - 1)]
+        outs, saved = m.forward(*inputs, grad=True)
+        gs = [rng.standard_normal(o.shape, dtype=np.float32) for o in outs]
+        grads = m.backward(saved, *gs)
+        ref_outs, ref = reference_gradients("dyn_derived", inputs, gs, ("x", "pairs", "prev"))
+        for o, r in zip(outs, ref_outs):
+            np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-6)
+        assert_gradients_close(grads, ref)
+    with pytest.raises(E.SymbolConflictError):
+        m.forward(np.zeros((1, 4, 8), np.float32), np.zeros((1, 7, 8), np.float32), np.zeros((1, 3, 8), np.float32),
+                  grad=True)
+
+
+def test_divisibility_guard_holds_for_training():
+    m = L.load(training_package("dyn_divisible", "x"))
+    x = np.random.default_rng(0).standard_normal((2, 12, 16), dtype=np.float32)
+    out, saved = m.forward(x, grad=True)
+    g = np.ones(out.shape, np.float32)
+    _, ref = reference_gradients("dyn_divisible", [x], [g], ("x",))
+    assert_gradients_close(m.backward(saved, g), ref)
+    with pytest.raises(E.RelationError):
+        m.forward(np.zeros((2, 10, 16), np.float32), grad=True)

@@ -13,7 +13,8 @@ import torch
 from packages import EXAMPLES, MODELS, WORK, load_module
 
 MODEL_FILES = {"mlp": EXAMPLES / "mlp.py", "cnn": EXAMPLES / "cnn.py", "decoder": EXAMPLES / "decoder.py",
-               "classifier": MODELS / "classifier_loss.py"}
+               "classifier": MODELS / "classifier_loss.py", "dyn_derived": MODELS / "dyn_derived.py",
+               "dyn_divisible": MODELS / "dyn_divisible.py"}
 
 
 @functools.lru_cache(maxsize=None)
