@@ -501,8 +501,8 @@ class CppKernelWriter:
 
     def _gathered(self, op: ir.GemmOperand, batch, rows, cols, acc: str, lines: list, scratch: str):
         """An operand given as a view without strides (ir.GemmOperand.index), gathered into contiguous ``acc``
-        scratch for BLAS: (the strided operand describing the scratch, its pointer). Strided operands pass
-        through as (op, None)."""
+        scratch for BLAS (by the threads when it is large enough): (the strided operand describing the scratch,
+        its pointer). Strided operands pass through as (op, None)."""
         if op.index is None:
             return op, None
         buf = self.prog.buffers[op.buffer]
@@ -513,7 +513,12 @@ class CppKernelWriter:
         src = loaded(buf.dtype, f"{op.buffer}[{cindex(buf.flat_index(op.index))}]")
         total = ir.product(extents)
         lines.append(f"  std::vector<{CTYPE[acc]}> {scratch}(static_cast<size_t>({cindex(total)}));")
-        lines += _nest(vars_, extents, "  ", lambda ind: [f"{ind}{scratch}[{cindex(pos)}] = {src};"])
+
+        def copy_row(ind: str) -> list[str]:
+            return _nest(vars_[2:], extents[2:], ind, lambda i: [f"{i}{scratch}[{cindex(pos)}] = {src};"])
+
+        # in a block of its own: the dispatch's lambda is named like the epilogue's
+        lines += ["  {"] + self._dispatch(vars_[:2], extents[:2], total, copy_row) + ["  }"]
         zero, one = sympy.Integer(0), sympy.Integer(1)
         strided = ir.GemmOperand(scratch, zero, rows * cols, cols, one)
         return strided, f"{scratch}.data()"
