@@ -96,7 +96,7 @@ OPS = {
     "floor": "tl.floor({a})", "ceil": "tl.ceil({a})", "trunc": "libdevice.trunc({a})",
     "round": "libdevice.nearbyint({a})", "log1p": "libdevice.log1p({a})", "expm1": "libdevice.expm1({a})",
     "exp2": "tl.exp2({a})", "log2": "tl.log2({a})", "relu": "tl.where({a} < 0, 0, {a})",
-    "isnan": "({a} != {a})", "logical_not": "({a} == 0)",
+    "isnan": "({a} != {a})", "logical_not": "({a} == 0)", "sign": "(({a} > 0).to({T}) - ({a} < 0).to({T}))",
     "maximum": "_max_nan({a}, {b})", "minimum": "_min_nan({a}, {b})", "pow": "libdevice.pow({a}, {b})",
     "fmod": "libdevice.fmod({a}, {b})", "atan2": "libdevice.atan2({a}, {b})",
     "logical_and": "(({a} != 0) & ({b} != 0))", "logical_or": "(({a} != 0) | ({b} != 0))",
@@ -111,6 +111,8 @@ FLOAT_OPS = {"floordiv": "tl.floor({a} / {b})", "remainder": "_fpymod({a}, {b})"
              "truncdiv": "libdevice.trunc({a} / {b})"}
 BOOL_OPS = {"maximum": "({a} | {b})", "minimum": "({a} & {b})", "mul": "({a} & {b})", "add": "({a} | {b})"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+# an integer zero shaped like each mask: added to a fixed offset, it makes the pointer a block like the mask
+BLOCK_ZERO = {"xmask": " + 0 * xindex", "xmask & rmask": " + 0 * (xindex + rindex)", "mask": " + 0 * flat"}
 LOGICAL = {"logical_and", "logical_or", "logical_xor", "logical_not", "isnan"}
 PROMOTION = ("bool", "uint8", "int8", "int16", "int32", "int64", "bfloat16", "float16", "float32", "float64")
 
@@ -262,7 +264,8 @@ class Emitter:
         self.w = w
         self.registers = registers  # buffer -> variable holding its value at this position
         self.indent = indent
-        self.mask = mask
+        self.mask = mask            # what loads are masked by: the block's mask, narrowed inside where()
+        self.block_mask = mask      # the block's own mask (its shape)
         self.lines: list[str] = []
         self.memo: dict = {}
 
@@ -294,7 +297,10 @@ class Emitter:
 
     def _load(self, buffer: str, flat, dtype: str) -> str:
         self.w.used.add(buffer)
-        text = f"tl.load({buffer} + {flat if isinstance(flat, str) else tindex(flat)}, mask={self.mask}, other=0)"
+        offset = flat if isinstance(flat, str) else tindex(flat)
+        if not isinstance(flat, str) and not sympy.sympify(flat).free_symbols:
+            offset += BLOCK_ZERO[self.block_mask]  # a fixed element (a 0-d tensor) read by a whole block
+        text = f"tl.load({buffer} + {offset}, mask={self.mask}, other=0)"
         return f"{text}.to(tl.float32)" if dtype in HALF else text
 
     def _op(self, v: ir.Op) -> str:
@@ -302,7 +308,9 @@ class Emitter:
             return self._cast(v.args[0], v.dtype)
         if v.op == "where":
             cond = self._as_bool(v.args[0])
-            return f"tl.where({cond}, {self._as(v.args[1], v.dtype)}, {self._as(v.args[2], v.dtype)})"
+            a = self._branch(v.args[1], v.dtype, cond)
+            b = self._branch(v.args[2], v.dtype, f"~{cond}")
+            return f"tl.where({cond}, {a}, {b})"
         if v.op in COMPARE:
             common = max((a.dtype for a in v.args), key=PROMOTION.index)
             args = [self._as(a, common) for a in v.args]
@@ -316,9 +324,19 @@ class Emitter:
         if tmpl is None:
             raise NotImplementedError(f"no Triton rendering for op {v.op!r}")
         text = tmpl.format(a=args[0] if args else "", b=args[1] if len(args) > 1 else "",
-                           c=args[2] if len(args) > 2 else "")
+                           c=args[2] if len(args) > 2 else "", T=TL_TYPE[compute_dtype(v.dtype)])
         natural = "bool" if v.op in COMPARE | LOGICAL else v.dtype
         return text if natural == v.dtype else f"({text}).to({TL_TYPE[compute_dtype(v.dtype)]})"
+
+    def _branch(self, v: ir.Value, dtype: str, taken: str) -> str:
+        """One side of a where(): its loads are masked by the lanes that take it, so an index that only the
+        other side's lanes keep in range (cat's, pad's) is never read; values it computes stay private to it."""
+        memo, mask = dict(self.memo), self.mask
+        self.mask = f"{mask} & {taken}"
+        try:
+            return self._as(v, dtype)
+        finally:
+            self.memo, self.mask = memo, mask
 
     def _as(self, v: ir.Value, dtype: str) -> str:
         text = self.emit(v)
@@ -347,6 +365,8 @@ class Emitter:
     def _convert(text: str, src: str, dst: str, round_half: bool = False) -> str:
         if dst == "bool":
             return f"({text} != 0)"
+        if text.lstrip("-").replace(".", "", 1).isdigit():  # a literal (a constant index value) has no .to()
+            text = f"tl.full([1], {text}, {TL_TYPE[compute_dtype(src)]})"
         out = f"{text}.to({TL_TYPE[compute_dtype(dst)]})"
         if dst in HALF and round_half:  # an explicit cast to a half type rounds, as eager's does
             out = f"{text}.to({TL_TYPE[dst]}).to(tl.float32)"
@@ -374,7 +394,7 @@ class Emitter:
                 self.w.checked = True
                 e = sympy.Symbol(self.temp(f"tl.where({bad}, 0, {raw})"), integer=True)
             index.append(e)
-        return tindex(buf.flat_index(index))
+        return buf.flat_index(index)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -626,7 +646,8 @@ class TritonWriter:
         self.used.add(name)
         written.add(name)
         flat = s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
-        return [f"{indent}tl.store({name} + {tindex(flat)}, {self._stored(val, s.node.out.dtype)}, mask={mask})"]
+        offset = tindex(flat) + ("" if sympy.sympify(flat).free_symbols else BLOCK_ZERO[mask])
+        return [f"{indent}tl.store({name} + {offset}, {self._stored(val, s.node.out.dtype)}, mask={mask})"]
 
     @staticmethod
     def _stored(val: str, dtype: str) -> str:

@@ -43,6 +43,7 @@ class State:
     libraries: dict = field(default_factory=dict)
     triton: object = None                             # codegen_triton.TritonModule
     cubins: dict = field(default_factory=dict)        # arch -> [build_cuda.Cubin] in launch order
+    build_cubins: bool = True                         # False: Triton source only (runs in the interpreter)
     timings: dict = field(default_factory=dict)
     output_is_single: bool = True
     onnx: tuple | None = None  # (bytes, opset) when --onnx asked for it
@@ -162,7 +163,7 @@ STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] =
     ("codegen", stage_codegen, "model.cpp", _cpu),
     ("build", stage_build, "build.txt", _cpu),
     ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
-    ("build_cuda", stage_build_cuda, "build_cuda.txt", _cuda),
+    ("build_cuda", stage_build_cuda, "build_cuda.txt", lambda st: _cuda(st) and st.build_cubins),
 ]
 
 
@@ -222,14 +223,16 @@ def cuda_archs(targets) -> list[int]:
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
-           onnx: str | None = None, backward: bool = False, grad_inputs=()):
+           onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
     ``dynamic`` takes the CLI's `--dynamic` strings. ``onnx="file"`` also exports the model to ONNX
     (``package.onnx`` holds the bytes), ``onnx="embed"`` stores it inside the archive as well.
     ``backward=True`` also packages a training forward and a backward (CPU), with gradients for every
-    parameter that requires grad and for the inputs named in ``grad_inputs``.
+    parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
+    target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
+    interpreter (exporter/triton_interpret.py), which is how tests check many kernels quickly.
     """
     from tcexport.packager.package import package
 
@@ -239,7 +242,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
-               backward=backward, grad_inputs=tuple(grad_inputs))
+               backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
     if backward and "cpu" not in st.targets:
         raise ExportError(f"--backward builds CPU training kernels; targets {', '.join(st.targets)} have no cpu. "
                           f"Add cpu to --target (e.g. --target cpu,cuda:sm_90).")

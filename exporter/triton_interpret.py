@@ -134,8 +134,9 @@ class InterpretedPackage:
         self.manifest = m = self.archive.manifest
         if m.cuda is None:
             raise ValueError(f"{path}: the package has no CUDA kernels (export with --target cuda:sm_XX)")
-        bundle = next(k for k in m.kernels if k.target.startswith("cuda:"))
-        self.module = load_module(self.archive.read(bundle.file).decode())
+        bundle = next((k for k in m.kernels if k.target.startswith("cuda:")), None)
+        source = bundle.file if bundle is not None else next(f for f in m.sources if f.endswith("_triton.py"))
+        self.module = load_module(self.archive.read(source).decode())
         self.guards = GuardPlan(m)
         arrays = load_weights(self.archive, m)
         self.weights = [_tensor(arrays[w.name], w.dtype) for w in m.weights]
@@ -214,10 +215,11 @@ def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -
                 info = json.loads(err.read_text())
                 raise getattr(E, info["type"], E.TcError)(info["message"])
             raise RuntimeError(f"interpreter process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        dtypes = [spec.dtype for spec in open_archive(path).manifest.outputs]
         outs = []
         for c in range(len(cases)):
             n = len(list(folder.glob(f"case{c}_out*.npy")))
-            outs.append([np.load(folder / f"case{c}_out{k}.npy") for k in range(n)])
+            outs.append([_retag(np.load(folder / f"case{c}_out{k}.npy"), dtypes[k]) for k in range(n)])
         return outs
 
 

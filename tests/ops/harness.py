@@ -35,6 +35,9 @@ TOLERANCE = {"float32": (1.3e-5, 1e-5), "float64": (1e-7, 1e-7), "float16": (1e-
 REF_FACTOR = 4.0
 REFERENCED = ("float32", "float16", "bfloat16")  # dtypes whose cases also get a float64 reference
 WORK = Path(tempfile.mkdtemp(prefix="tcexport-opinfo-"))
+# "cpu" (default): packages built for and run on the CPU. "triton-interpreter": the same samples through the GPU
+# backend (Triton source, no cubins), run in Triton's CPU interpreter: TCEXPORT_OPS_BACKEND=triton-interpreter
+BACKEND = os.environ.get("TCEXPORT_OPS_BACKEND", "cpu")
 os.environ.setdefault("TCEXPORT_CACHE", str(WORK / "cache"))
 
 
@@ -231,11 +234,13 @@ def run_batch(cases: list[Case], tag: str) -> None:
     if not cases:
         return
     module = Batch(cases)
+    triton = BACKEND == "triton-interpreter"
     try:
-        pkg = export(module, tuple(module.inputs), None, name=f"opinfo_{tag}")
+        pkg = export(module, tuple(module.inputs), None, "cuda:sm_90" if triton else "cpu", name=f"opinfo_{tag}",
+                     build_cubins=not triton)
         path = WORK / f"{tag}.tcpkg"
         pkg.save(path)
-        model = L.load(path)
+        model = _interpreted(path) if triton else L.load(path)
     except Exception as e:
         return _split_or_record(cases, tag, "export", e)
     try:
@@ -248,6 +253,16 @@ def run_batch(cases: list[Case], tag: str) -> None:
         n = len(c.expected)
         c.outcome = compare(c, got[pos:pos + n])
         pos += n
+
+
+def _interpreted(path):
+    """The package's Triton kernels in Triton's CPU interpreter (a process of its own), called like a model."""
+    from tcexport.exporter.triton_interpret import run_interpreted
+
+    def call(*arrays):
+        outs = run_interpreted(path, [list(arrays)])[0]
+        return tuple(outs) if len(outs) != 1 else outs[0]
+    return call
 
 
 def _loader_array(t: torch.Tensor) -> np.ndarray:
