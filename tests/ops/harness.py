@@ -238,7 +238,7 @@ def run_batch(cases: list[Case], tag: str) -> None:
     try:
         pkg = export(module, tuple(module.inputs), None, "cuda:sm_90" if triton else "cpu", name=f"opinfo_{tag}",
                      build_cubins=not triton)
-        path = WORK / f"{tag}.tcpkg"
+        path = WORK / f"{'triton_' if triton else ''}{tag}.tcpkg"  # never replace a package another run mapped
         pkg.save(path)
         model = _interpreted(path) if triton else L.load(path)
     except Exception as e:
