@@ -368,8 +368,13 @@ class Emitter:
         if text.lstrip("-").replace(".", "", 1).isdigit():  # a literal (a constant index value) has no .to()
             text = f"tl.full([1], {text}, {TL_TYPE[compute_dtype(src)]})"
         out = f"{text}.to({TL_TYPE[compute_dtype(dst)]})"
-        if dst in HALF and round_half:  # an explicit cast to a half type rounds, as eager's does
-            out = f"{text}.to({TL_TYPE[dst]}).to(tl.float32)"
+        if dst in HALF and round_half:
+            # an explicit cast to a half type rounds, as eager's does: through float32, since c10's Half and
+            # BFloat16 are built from a float only (an integer or float64 is rounded to float32 first; sm_90's
+            # direct int->bf16 cvt would round once). It also keeps Triton's interpreter right: its int->bf16
+            # cast takes the integer as bf16 bits
+            wide = text if compute_dtype(src) == "float32" else f"{text}.to(tl.float32)"
+            out = f"{wide}.to({TL_TYPE[dst]}).to(tl.float32)"
         return out
 
     def _indirect(self, v: ir.LoadIndirect) -> str:
@@ -464,6 +469,26 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     return GemmConfig(bm, bn, bk, 8, warps, stages)
 
 
+@dataclass(frozen=True)
+class AttentionConfig:
+    bm: int
+    bn: int
+    bd: int
+    bdv: int
+    num_warps: int
+    num_stages: int
+
+
+def attention_config(dtype: str, d: int, dv: int, m_max: int | None) -> AttentionConfig:
+    """Flash-attention tiles: 64 query rows a program and 64 keys a step, the head dims padded to a power of two
+    (at least 16, what tl.dot needs); float32 steps by 32 keys (its tiles take twice the registers). Few query
+    rows shrink the row block."""
+    bm, bn = 64, (64 if dtype in HALF else 32)
+    if m_max is not None:
+        bm = min(bm, max(16, next_pow2(m_max)))
+    return AttentionConfig(bm, bn, max(16, next_pow2(d)), max(16, next_pow2(dv)), 4, 2)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # kernels
 
@@ -483,6 +508,8 @@ class TritonWriter:
         self.kernel_id = kernel_id
         if k.kind == "gemm":
             body, grid, constexprs, warps, stages = self._gemm(k)
+        elif k.kind == "attention":
+            body, grid, constexprs, warps, stages = self._attention(k)
         else:
             body, grid, constexprs, warps, stages = self._loops(k)
         buffers = sorted(self.used)
@@ -655,45 +682,72 @@ class TritonWriter:
 
     # --- GEMM kernels ---------------------------------------------------------------------------------
 
-    def _operand_code(self, op: ir.GemmOperand, name: str, row: str, col: str) -> tuple[list, list, str, list]:
-        """How the K loop reads an operand: (lines before the loop, lines at the top of each iteration, the
-        pointer expression to load, lines after the dot). A strided operand walks a pointer by BK times its K
-        stride; a view without strides (heads split out of a fused projection) computes its buffer index from
-        (batch, row, col) each iteration, which saves the copy kernel a BLAS call would need."""
+    def _operand_ptr(self, op: ir.GemmOperand, bid: str, row: str, col: str, lines: list, ind: str) -> str:
+        """Pointers to elements (bid, row, col) of an operand view; ``row``/``col`` are broadcastable blocks.
+        An index view binds the three coordinates to temporaries (tindex prints them as they are)."""
         if op.index is None:
-            k_stride = op.col_stride if name == "a" else op.row_stride
-            first = lambda e: e.replace("kk * BK + ", "")  # noqa: E731 - the K coordinate at kk = 0
-            head = [f"{name}_ptrs = {op.buffer} + ({tindex(op.offset)} + bid * {tindex(op.batch_stride)}) "
-                    f"+ ({first(row)}) * {tindex(op.row_stride)} + ({first(col)}) * {tindex(op.col_stride)}"]
-            return head, [], f"{name}_ptrs", [f"{name}_ptrs += BK * {tindex(k_stride)}"]
-        buf = self.prog.buffers[op.buffer]
-        coords = ["bid", row, col]  # (batch, row, col): see ir.GemmOperand
-        head, pre, names = [], [], []
-        for c in coords:
-            var = f"t{next(self.names)}"  # temporaries' names: tindex prints them as they are
-            (pre if "kk" in c else head).append(f"{var} = {c}")
-            names.append(var)
+            return (f"{op.buffer} + ({tindex(op.offset)} + {bid} * {tindex(op.batch_stride)}) "
+                    f"+ ({row}) * {tindex(op.row_stride)} + ({col}) * {tindex(op.col_stride)}")
+        names = []
+        for c in (bid, row, col):  # (batch, row, col): see ir.GemmOperand
+            names.append(f"t{next(self.names)}")
+            lines.append(f"{ind}{names[-1]} = {c}")
         mapping = {ir.ivar(d): sympy.Symbol(n, integer=True, nonnegative=True) for d, n in enumerate(names)}
-        flat = tindex(buf.flat_index(tuple(sympy.sympify(e).xreplace(mapping) for e in op.index)))
-        return head, pre, f"{op.buffer} + {flat}", []
+        buf = self.prog.buffers[op.buffer]
+        return f"{op.buffer} + {tindex(buf.flat_index(tuple(sympy.sympify(e).xreplace(mapping) for e in op.index)))}"
+
+    def _gemm_coords(self, node: ir.Node, row: str, col: str, ind: str) -> list[str]:
+        """Lines binding i0, i1, ... (the node's output position) for GEMM element (bid, row, col). A batched
+        output laid out [batch dims..., m, n] maps directly (no division per element); any other shape goes
+        through the row-major position."""
+        g, ranges = node.gemm, node.ranges
+        r = len(ranges)
+        if r >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
+                ir.same_size(ir.product(ranges[:-2]), g.batch):
+            return self._decompose("bid", ranges[:-2], "i", ind) + [f"{ind}i{r - 2} = {row}", f"{ind}i{r - 1} = {col}"]
+        flat = f"bid * ({tindex(g.m * g.n)}) + {row} * {tindex(g.n)} + {col}"
+        return [f"{ind}flat_e = {flat}"] + self._decompose("flat_e", ranges, "i", ind)
+
+    def _epilogue(self, node: ir.Node, acc: str, mask: str, ind: str, lines: list) -> str:
+        """The value a GEMM node stores: its epilogue body with Load(out, i...) bound to ``acc`` (ir.Gemm)."""
+        if node.body is None:
+            return acc
+        here = ir.Load(node.gemm.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(len(node.ranges))))
+        em = Emitter(self, {}, ind, mask)
+        em.memo[here] = acc
+        val = em.tensor(node.body)
+        lines += em.lines
+        return val
+
+    @staticmethod
+    def _divides(block: int, e) -> bool:
+        e = sympy.sympify(e)
+        return bool(e.is_Integer) and int(e) % block == 0
+
+    def _dot_kind(self, g: ir.Gemm) -> tuple[str, str, str]:
+        """(tl.dot precision argument, widening of A, widening of B). Full-precision float32 dots, except a
+        float32 operand times a 16-bit one (attention's probabilities times bf16 values): tf32 holds the 16-bit
+        operand exactly and rounds the other to 11 significant bits, finer than the 16-bit rounding eager's
+        fused attention applies there, and it runs on the tensor cores."""
+        a_dtype = self.prog.buffers[g.a.buffer].dtype
+        b_dtype = self.prog.buffers[g.b.buffer].dtype
+        native = a_dtype == b_dtype
+        precision = "" if native and a_dtype in HALF else \
+            (', input_precision="tf32"' if not native and g.acc_dtype == "float32" else ', input_precision="ieee"')
+        acc_t = TL_TYPE[g.acc_dtype]
+        widen_a = "" if native or a_dtype not in HALF else f".to({acc_t})"
+        widen_b = "" if native or b_dtype not in HALF else f".to({acc_t})"
+        return precision, widen_a, widen_b
 
     def _gemm(self, k: Kernel):
         node = k.stages[0].node
         g = node.gemm
         dtype = node.out.dtype
         a_dtype = self.prog.buffers[g.a.buffer].dtype
-        b_dtype = self.prog.buffers[g.b.buffer].dtype
-        native = a_dtype == b_dtype  # mixed operands (a float32 softmax times 16-bit values) widen the 16-bit one
+        native = a_dtype == self.prog.buffers[g.b.buffer].dtype
         cfg = gemm_config(a_dtype if native else g.acc_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
-        acc_t = TL_TYPE[g.acc_dtype]
-        # full-precision float32 dots, except a float32 operand times a 16-bit one (attention's probabilities times
-        # bf16 values): tf32 holds the 16-bit operand exactly and rounds the other to 11 significant bits, finer
-        # than the 16-bit rounding eager's fused attention applies there, and it runs on the tensor cores
-        precision = "" if native and a_dtype in HALF else \
-            (', input_precision="tf32"' if not native and g.acc_dtype == "float32" else ', input_precision="ieee"')
-        widen_a = "" if native or a_dtype not in HALF else f".to({acc_t})"
-        widen_b = "" if native or b_dtype not in HALF else f".to({acc_t})"
+        precision, widen_a, widen_b = self._dot_kind(g)
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind = "    "
         lines = [
@@ -712,42 +766,104 @@ class TritonWriter:
             f"{ind}rm = pid_m * BM + tl.arange(0, BM)",
             f"{ind}rn = pid_n * BN + tl.arange(0, BN)",
             f"{ind}rk = tl.arange(0, BK)",
-            f"{ind}acc = tl.zeros((BM, BN), dtype={acc_t})",
+            f"{ind}acc = tl.zeros((BM, BN), dtype={TL_TYPE[g.acc_dtype]})",
         ]
-        a_head, a_pre, a_load, a_step = self._operand_code(g.a, "a", "rm[:, None]", "kk * BK + rk[None, :]")
-        b_head, b_pre, b_load, b_step = self._operand_code(g.b, "b", "kk * BK + rk[:, None]", "rn[None, :]")
-        lines += [f"{ind}{line}" for line in a_head + b_head]
-        lines += [f"{ind}for kk in range(0, tl.cdiv(K, BK)):"]
-        lines += [f"{ind}    {line}" for line in a_pre + b_pre]
+        # a mask that varies along an operand's contiguous dim stops its loads from vectorising: a K (or N) that
+        # the block divides needs none
+        even_k, even_n = self._divides(cfg.bk, g.k), self._divides(cfg.bn, g.n)
+        head, pre = [], []
+        a_ptrs = self._operand_ptr(g.a, "bid", "rm[:, None]", "kk * BK + rk[None, :]", pre, ind + "    ")
+        b_ptrs = self._operand_ptr(g.b, "bid", "kk * BK + rk[:, None]", "rn[None, :]", pre, ind + "    ")
+        a_mask = "rm[:, None] < M" + ("" if even_k else " & kmask[None, :]")
+        b_mask = " & ".join(([] if even_k else ["kmask[:, None]"]) + ([] if even_n else ["(rn[None, :] < N)"]))
+        lines += [f"{ind}for kk in range(0, tl.cdiv(K, BK)):"] + pre
+        lines += [] if even_k else [f"{ind}    kmask = rk < K - kk * BK"]
         lines += [
-            f"{ind}    kmask = rk < K - kk * BK",
-            f"{ind}    a = tl.load({a_load}, mask=(rm[:, None] < M) & kmask[None, :], other=0.0){widen_a}",
-            f"{ind}    b = tl.load({b_load}, mask=kmask[:, None] & (rn[None, :] < N), other=0.0){widen_b}",
+            f"{ind}    a = tl.load({a_ptrs}, mask={a_mask}, other=0.0){widen_a}",
+            f"{ind}    b = tl.load({b_ptrs}" + (f", mask={b_mask}, other=0.0" if b_mask else "") + f"){widen_b}",
             f"{ind}    acc = tl.dot(a, b, acc{precision})",
-        ]
-        lines += [f"{ind}    {line}" for line in a_step + b_step]
-        lines += [
             f"{ind}mask = (rm[:, None] < M) & (rn[None, :] < N)",
-            f"{ind}flat = bid * (M * N) + rm[:, None] * N + rn[None, :]",
         ]
-        val = "acc"
         if node.body is not None:
-            rank = len(node.ranges)
-            lines += self._decompose("flat", node.ranges, "i", ind)
-            here = ir.Load(g.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(rank)))  # see ir.Gemm
-            em = Emitter(self, {}, ind, "mask")
-            em.memo[here] = "acc"
-            val = em.tensor(node.body)
-            lines += em.lines
-        lines.append(f"{ind}tl.store({node.out.name} + flat, {self._stored(val, dtype)}, mask=mask)")
+            lines += self._gemm_coords(node, "rm[:, None]", "rn[None, :]", ind)
+        val = self._epilogue(node, "acc", "mask", ind, lines)
+        lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
+                     f"{self._stored(val, dtype)}, mask=mask)")
         grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn), sympy.sympify(g.batch),
                 sympy.Integer(1))
         constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": cfg.group_m}
         return lines, grid, constexprs, cfg.num_warps, cfg.num_stages
 
+    # --- attention kernels (fuse_attention.py) ---------------------------------------------------------
 
-# ---------------------------------------------------------------------------------------------------------
-# the module
+    def _attention(self, k: Kernel):
+        """Flash attention: per block of query rows, loop over blocks of keys computing the scores (with the
+        scores GEMM's epilogue: scale, mask), an online softmax (running max and sum, the accumulator rescaled
+        as the max grows) and the probabilities times the values; then the PV GEMM's epilogue. A row whose
+        scores are all -inf gives NaN, as the unfused softmax does."""
+        qk, pv = k.stages[0].node, k.stages[-1].node
+        g1, g2 = qk.gemm, pv.gemm
+        self.used |= {g1.a.buffer, g1.b.buffer, g2.b.buffer, pv.out.name}
+        q_dtype = self.prog.buffers[g1.a.buffer].dtype
+        v_dtype = self.prog.buffers[g2.b.buffer].dtype
+        precision1, widen_q, widen_k = self._dot_kind(g1)
+        # probabilities meet 16-bit values in 16 bits, as flash attention (and eager's fused kernel) does
+        p_cast, precision2 = (f".to({TL_TYPE[v_dtype]})", "") if v_dtype in HALF else ("", ', input_precision="ieee"')
+        cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
+        cast = ".to(tl.int64)" if self.bits == 64 else ""
+        ind, body = "    ", "        "
+        lines = [
+            f"{ind}M = {tindex(g1.m)}",
+            f"{ind}N = {tindex(g1.n)}",
+            f"{ind}D = {tindex(g1.k)}",
+            f"{ind}DV = {tindex(g2.n)}",
+            f"{ind}pid = tl.program_id(0){cast}",
+            f"{ind}bid = tl.program_id(1){cast}",
+            f"{ind}rm = pid * BM + tl.arange(0, BM)",
+            f"{ind}rd = tl.arange(0, BD)",
+            f"{ind}rv = tl.arange(0, BDV)",
+            f"{ind}rn0 = tl.arange(0, BN)",
+        ]
+        q_ptrs = self._operand_ptr(g1.a, "bid", "rm[:, None]", "rd[None, :]", lines, ind)
+        lines += [
+            f"{ind}q = tl.load({q_ptrs}, mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0){widen_q}",
+            f"{ind}m_i = tl.full((BM,), float('-inf'), tl.float32)",
+            f"{ind}l_i = tl.zeros((BM,), dtype=tl.float32)",
+            f"{ind}acc = tl.zeros((BM, BDV), dtype=tl.float32)",
+            f"{ind}for kk in range(0, tl.cdiv(N, BN)):",
+            f"{body}rn = kk * BN + rn0",
+        ]
+        k_ptrs = self._operand_ptr(g1.b, "bid", "rd[:, None]", "rn[None, :]", lines, body)
+        lines += [
+            f"{body}kt = tl.load({k_ptrs}, mask=(rd[:, None] < D) & (rn[None, :] < N), other=0.0){widen_k}",
+            f"{body}s = tl.dot(q, kt{precision1})",
+            f"{body}smask = (rm[:, None] < M) & (rn[None, :] < N)",
+        ]
+        if qk.body is not None:
+            lines += self._gemm_coords(qk, "rm[:, None]", "rn[None, :]", body)
+        s = self._epilogue(qk, "s", "smask", body, lines)
+        v_ptrs = self._operand_ptr(g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
+        lines += [
+            f"{body}s = tl.where(rn[None, :] < N, {s}, float('-inf'))",
+            f"{body}m_new = tl.maximum(m_i, tl.max(s, 1))",
+            f"{body}m_use = tl.where(m_new == float('-inf'), 0.0, m_new)",
+            f"{body}alpha = tl.exp(m_i - m_use)",
+            f"{body}p = tl.exp(s - m_use[:, None])",
+            f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
+            f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
+            f"{body}acc = acc * alpha[:, None] + tl.dot(p{p_cast}, v{precision2})",
+            f"{body}m_i = m_new",
+            f"{ind}acc = acc / l_i[:, None]",
+            f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
+        ]
+        if pv.body is not None:
+            lines += self._gemm_coords(pv, "rm[:, None]", "rv[None, :]", ind)
+        val = self._epilogue(pv, "acc", "mask", ind, lines)
+        lines.append(f"{ind}tl.store({pv.out.name} + bid * (M * DV) + rm[:, None] * DV + rv[None, :], "
+                     f"{self._stored(val, pv.out.dtype)}, mask=mask)")
+        grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(1))
+        constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
+        return lines, grid, constexprs, cfg.num_warps, cfg.num_stages
 
 
 @dataclass

@@ -17,14 +17,7 @@ pytestmark = pytest.mark.slow
 DTYPES = ["float32", "int64", "bool", "bfloat16"]
 
 # (op, dtype, sample index) -> why it fails in the interpreter; strict: a listed sample that passes fails the test
-KNOWN = {
-    ("clamp", "bfloat16", 2): "integer clamp bounds on bfloat16 give 0 in the interpreter (not checked on a GPU)",
-    ("nn.functional.normalize", "bfloat16", 1): "the interpreter fails to reshape a bf16 block (its own error)",
-    ("nn.functional.avg_pool2d", "bfloat16", 2): "-inf in the interpreter (not checked on a GPU)",
-    ("nn.functional.adaptive_avg_pool2d", "bfloat16", 0): "-inf in the interpreter (not checked on a GPU)",
-    ("nn.functional.adaptive_avg_pool2d", "bfloat16", 1): "-inf in the interpreter (not checked on a GPU)",
-    ("nn.functional.adaptive_avg_pool2d", "bfloat16", 2): "-inf in the interpreter (not checked on a GPU)",
-}
+KNOWN: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
