@@ -86,3 +86,18 @@ class RuntimeKernelError(TcError):
     """A kernel reported a failure at run time (the message comes from the generated code)."""
 
     exit_code = 6
+
+
+class TrainingError(TcError):
+    """A training call got something it cannot use: the saved state of another model or call, or weights whose
+    names, dtypes or shapes are not the package's. Raised before anything is run or written.
+
+    ``name`` is the weight or argument at fault (``None`` where not one), ``expected`` what the package takes,
+    ``got`` what the call passed.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, expected: object = None, got: object = None):
+        super().__init__(message)
+        self.name = name
+        self.expected = expected
+        self.got = got

@@ -26,18 +26,13 @@ import numpy as np
 
 from tcexport.formats import expr as ex
 from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RankError, SymbolConflictError,
-                                     TcError)
+                                     TrainingError)
 from tcexport.formats.files import write_atomically
 
 from .arrays import convert_inputs, convert_outputs, to_numpy
 from .dtypes import dtype_name, numpy_dtype
 from .model import Model, data_address
 from .weights import read_safetensors, safetensors_bytes
-
-
-class TrainingError(TcError):
-    """A training call got something it cannot use: the saved state of another model or call, or weights whose
-    names, dtypes or shapes are not the package's."""
 
 
 class Saved:
@@ -65,6 +60,91 @@ class Saved:
         return f"Saved({len(self.activations)} activations, {self.nbytes} bytes, symbols {self.signature.env})"
 
 
+class TrainingCalls:
+    """What the CPU and the CUDA trainable models share: the checks of a backward call's arguments and of weights
+    coming in. A subclass provides ``manifest``, ``training`` and the hooks ``_unit_gradient(saved, k)`` (the
+    gradient 1 of scalar output k, as the backward takes it) and ``_output_shape(saved, k)``."""
+
+    def _check_saved(self, saved, kind: type) -> None:
+        if not isinstance(saved, kind) or saved.model is not self:
+            raise TrainingError(f"backward() needs the Saved that forward(..., grad=True) of this model "
+                                f"({self.manifest.model!r}) returned, got {type(saved).__name__}",
+                                name="saved", expected=kind.__name__, got=type(saved).__name__)
+
+    def _grad_outputs(self, saved, given: tuple, gradient) -> list:
+        """One gradient per model output (None where no backward input reads it): each given one checked
+        against the output's dtype and the shape this forward call produced, then ``gradient(g, spec, shape)``
+        (which makes it what the backward takes); with none given, 1 for each scalar output."""
+        specs, n = self.manifest.outputs, len(self.manifest.outputs)
+        needed = {k for kind, k in self.training.sources if kind == "grad"}
+        if not given:
+            return [self._unit_for(saved, k) if k in needed else None for k in range(n)]
+        if len(given) != n:
+            raise ArityError(f"backward() takes one gradient per model output ({n}: "
+                             f"{', '.join(s.name for s in specs)}), got {len(given)}. Pass None for an output "
+                             f"you do not differentiate through.", expected=n, got=len(given), rule="arity")
+        grads = []
+        for k, (spec, g) in enumerate(zip(specs, given)):
+            if g is None:
+                if k in needed:
+                    raise ArityError(f"backward(): output {spec.name!r} needs a gradient (the backward reads it); "
+                                     f"got None. Pass an array shaped like the output.", input=spec.name,
+                                     rule="arity")
+                grads.append(None)
+                continue
+            grads.append(gradient(g, spec, self._output_shape(saved, k)))
+        return grads
+
+    def _unit_for(self, saved, k: int):
+        shape, spec = self._output_shape(saved, k), self.manifest.outputs[k]
+        if len(shape) != 0:
+            raise ArityError(f"backward() without output gradients needs scalar outputs (a loss); output "
+                             f"{spec.name!r} has shape {list(shape)}. Pass its gradient.", input=spec.name,
+                             expected="scalar", got=list(shape), rule="arity")
+        return self._unit_gradient(saved, k)
+
+    def _weights_to_load(self, values: dict, strict: bool, describe) -> dict:
+        """``values`` checked against the package's weights: {name: what ``describe(value, name)`` returned}.
+        ``describe`` returns an object with ``dtype`` (numpy) and ``shape``. Raises before anything is written."""
+        known = {w.name: w for w in self.manifest.weights}
+        unknown = sorted(set(values) - set(known))
+        missing = sorted(set(self.training.trainable) - set(values))
+        if strict and (unknown or missing):
+            raise TrainingError(f"load_weights: {'unknown names ' + str(unknown) if unknown else ''}"
+                                f"{'; ' if unknown and missing else ''}"
+                                f"{'missing trainable weights ' + str(missing) if missing else ''} for model "
+                                f"{self.manifest.model!r}. Pass the package's weight names (strict=False skips "
+                                f"unknown names and allows a subset).", name=(unknown + missing)[0],
+                                expected="the package's weight names", got=sorted(values))
+        staged = {}
+        for name in sorted(set(values) & set(known)):
+            arr, want = describe(values[name], name), known[name]
+            if dtype_name(arr.dtype) != want.dtype or tuple(arr.shape) != tuple(want.shape):
+                raise TrainingError(f"load_weights: weight {name!r} should be {want.dtype}{list(want.shape)}, got "
+                                    f"{dtype_name(arr.dtype)}{list(arr.shape)}. Convert it, or pass the weights "
+                                    f"of this model.", name=name, expected=f"{want.dtype}{list(want.shape)}",
+                                    got=f"{dtype_name(arr.dtype)}{list(arr.shape)}")
+            staged[name] = arr
+        return staged
+
+
+def check_gradient(spec, dtype: np.dtype, shape: tuple, out_shape: tuple) -> None:
+    """A caller's gradient of output ``spec``: the output's dtype and the shape this forward call produced."""
+    name = f"grad of {spec.name}"
+    if dtype_name(dtype) != spec.dtype or not dtype.isnative:
+        raise DtypeError(f"{name}: expected dtype {spec.dtype} (the output's), got {dtype_name(dtype)}. "
+                         f"Convert it, e.g. g.astype('{spec.dtype}').", input=name, expected=spec.dtype,
+                         got=dtype_name(dtype), rule="dtype")
+    if len(shape) != len(out_shape):
+        raise RankError(f"{name}: expected shape {list(out_shape)} (the output's in this forward call), got "
+                        f"{list(shape)}.", input=name, expected=len(out_shape), got=len(shape), rule="rank")
+    for d, (want, got) in enumerate(zip(out_shape, shape)):
+        if want != got:
+            raise SymbolConflictError(f"{name} dim {d}: expected {want} (the output's size in this forward "
+                                      f"call), got {got}. Pass a gradient shaped {list(out_shape)}.",
+                                      input=name, dim=d, expected=want, got=got, rule="grad == output shape")
+
+
 class _Entry:
     """One extra entry point: its ctypes function, compiled output shapes and workspace size."""
 
@@ -80,7 +160,7 @@ class _Entry:
         self.num_inputs = len(graph.inputs)
 
 
-class TrainableModel(Model):
+class TrainableModel(TrainingCalls, Model):
     """A Model whose package has a training forward and a backward (``tcexport --backward``)."""
 
     def __init__(self, *args, **kwargs):
@@ -113,63 +193,27 @@ class TrainableModel(Model):
         forward call ``saved`` came from and the outputs' gradients ``grad_outputs`` (one per model output, in
         order; ``None`` for an output nothing is differentiated through). With no ``grad_outputs``, every
         differentiable output must be a scalar (a loss): its gradient is 1."""
-        if not isinstance(saved, Saved) or saved.model is not self:
-            raise TrainingError(f"backward() needs the Saved that forward(..., grad=True) of this model "
-                                f"({self.manifest.model!r}) returned, got {type(saved).__name__}")
-        grads = self._grad_outputs(saved, grad_outputs)
+        self._check_saved(saved, Saved)
+        grads = self._grad_outputs(saved, grad_outputs, self._gradient)
         sources = {"input": saved.inputs, "forward": saved.forward_outputs, "grad": grads}
         arrays = [sources[kind][k] for kind, k in self.training.sources]
         results = self._call(self._backward, saved.signature, arrays)
         results = convert_outputs(results, saved.as_torch)
         return {s.name: r for s, r in zip(self.training.backward.outputs, results)}
 
-    def _grad_outputs(self, saved: Saved, given: tuple) -> list:
-        """One gradient array per model output (None where no backward input reads it), checked against the
-        output's dtype and the shape this forward call produced."""
-        specs, n = self.manifest.outputs, len(self.manifest.outputs)
-        needed = {k for kind, k in self.training.sources if kind == "grad"}
-        if not given:
-            given = tuple(self._unit_gradient(saved, k) if k in needed else None for k in range(n))
-        if len(given) != n:
-            raise ArityError(f"backward() takes one gradient per model output ({n}: "
-                             f"{', '.join(s.name for s in specs)}), got {len(given)}. Pass None for an output "
-                             f"you do not differentiate through.", expected=n, got=len(given), rule="arity")
-        grads = []
-        for k, (spec, g) in enumerate(zip(specs, given)):
-            if g is None:
-                if k in needed:
-                    raise ArityError(f"backward(): output {spec.name!r} needs a gradient (the backward reads it); "
-                                     f"got None. Pass an array shaped like the output.", input=spec.name,
-                                     rule="arity")
-                grads.append(None)
-                continue
-            grads.append(self._check_gradient(spec, to_numpy(g, f"grad of {spec.name}"), saved.forward_outputs[k]))
-        return grads
-
-    def _unit_gradient(self, saved: Saved, k: int) -> np.ndarray:
-        out, spec = saved.forward_outputs[k], self.manifest.outputs[k]
-        if out.ndim != 0:
-            raise ArityError(f"backward() without output gradients needs scalar outputs (a loss); output "
-                             f"{spec.name!r} has shape {list(out.shape)}. Pass its gradient.", input=spec.name,
-                             expected="scalar", got=list(out.shape), rule="arity")
-        return np.ones((), dtype=out.dtype)
+    @staticmethod
+    def _gradient(g, spec, out_shape: tuple) -> np.ndarray:
+        g = to_numpy(g, f"grad of {spec.name}")
+        check_gradient(spec, g.dtype, g.shape, out_shape)
+        return g
 
     @staticmethod
-    def _check_gradient(spec, g: np.ndarray, out: np.ndarray) -> np.ndarray:
-        name = f"grad of {spec.name}"
-        if dtype_name(g.dtype) != spec.dtype or not g.dtype.isnative:
-            raise DtypeError(f"{name}: expected dtype {spec.dtype} (the output's), got {dtype_name(g.dtype)}. "
-                             f"Convert it, e.g. g.astype('{spec.dtype}').", input=name, expected=spec.dtype,
-                             got=dtype_name(g.dtype), rule="dtype")
-        if g.ndim != out.ndim:
-            raise RankError(f"{name}: expected shape {list(out.shape)} (the output's in this forward call), got "
-                            f"{list(g.shape)}.", input=name, expected=out.ndim, got=g.ndim, rule="rank")
-        for d, (want, got) in enumerate(zip(out.shape, g.shape)):
-            if want != got:
-                raise SymbolConflictError(f"{name} dim {d}: expected {want} (the output's size in this forward "
-                                          f"call), got {got}. Pass a gradient shaped {list(out.shape)}.",
-                                          input=name, dim=d, expected=want, got=got, rule="grad == output shape")
-        return g
+    def _output_shape(saved: Saved, k: int) -> tuple:
+        return saved.forward_outputs[k].shape
+
+    @staticmethod
+    def _unit_gradient(saved: Saved, k: int) -> np.ndarray:
+        return np.ones((), dtype=saved.forward_outputs[k].dtype)
 
     def _call(self, entry: _Entry, sig, arrays: list) -> list[np.ndarray]:
         env = sig.env
@@ -212,23 +256,8 @@ class TrainableModel(Model):
         package's weights with its dtype and shape; ``strict`` also requires every trainable weight to be there
         and no unknown name (``strict=False`` ignores unknown names, e.g. a PyTorch state dict's extra buffers)."""
         values = read_safetensors(source) if isinstance(source, (str, pathlib.Path)) else dict(source)
+        staged = self._weights_to_load(values, strict, to_numpy)
         known = self.weights()
-        unknown = sorted(set(values) - set(known))
-        missing = sorted(set(self.training.trainable) - set(values))
-        if strict and (unknown or missing):
-            raise TrainingError(f"load_weights: {'unknown names ' + str(unknown) if unknown else ''}"
-                                f"{'; ' if unknown and missing else ''}"
-                                f"{'missing trainable weights ' + str(missing) if missing else ''} for model "
-                                f"{self.manifest.model!r}. Pass the package's weight names (strict=False skips "
-                                f"unknown names and allows a subset).")
-        staged = {}
-        for name in sorted(set(values) & set(known)):
-            arr, dst = to_numpy(values[name], name), known[name]
-            if dtype_name(arr.dtype) != dtype_name(dst.dtype) or arr.shape != dst.shape:
-                raise TrainingError(f"load_weights: weight {name!r} should be {dtype_name(dst.dtype)}"
-                                    f"{list(dst.shape)}, got {dtype_name(arr.dtype)}{list(arr.shape)}. Convert "
-                                    f"it, or pass the weights of this model.")
-            staged[name] = arr
         for name, arr in staged.items():  # every check passed: nothing is half-loaded
             np.copyto(known[name], arr.view(known[name].dtype))
 
