@@ -45,7 +45,7 @@ def export(
     onnx_embed: bool = typer.Option(False, "--onnx-embed", help="like --onnx, and store it inside the archive"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="no progress output"),
     backward: bool = typer.Option(False, "--backward", help="also package a training forward and a backward "
-                                  "(CPU): gradients of every parameter that requires grad"),
+                                  "(for every target): gradients of every parameter that requires grad"),
     grad_inputs: List[str] = typer.Option([], "--grad-inputs", help="with --backward, inputs whose gradients the "
                                           "backward also returns (repeatable or comma-separated)"),
 ) -> None:

@@ -4,7 +4,8 @@
 
 A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++. With
 ``--backward`` the autograd stage adds a training forward and a backward graph (``State.train_states``); lower,
-fuse and plan then run on each graph in turn, and the C++ holds one entry point per graph.
+fuse and plan then run on each graph in turn, the C++ holds one entry point per graph, and for CUDA targets each
+training graph gets its own Triton module and cubins.
 """
 
 from __future__ import annotations
@@ -145,6 +146,15 @@ def stage_build_cuda(st: State) -> str:
     return "\n".join(lines)
 
 
+def stage_codegen_triton_train(st: State) -> str:
+    """Each training graph's own Triton module (its kernels, launch list and index width), as for inference."""
+    return "\n\n".join(f"== {entry} ==\n{stage_codegen_triton(g)}" for entry, g in st.train_states.items())
+
+
+def stage_build_cuda_train(st: State) -> str:
+    return "\n\n".join(f"== {entry} ==\n{stage_build_cuda(g)}" for entry, g in st.train_states.items())
+
+
 def _cpu(st: State) -> bool:
     return "cpu" in st.targets
 
@@ -164,6 +174,9 @@ STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] =
     ("build", stage_build, "build.txt", _cpu),
     ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
     ("build_cuda", stage_build_cuda, "build_cuda.txt", lambda st: _cuda(st) and st.build_cubins),
+    ("codegen_triton_train", stage_codegen_triton_train, "model_triton_train.py", lambda st: _cuda(st) and st.backward),
+    ("build_cuda_train", stage_build_cuda_train, "build_cuda_train.txt",
+     lambda st: _cuda(st) and st.backward and st.build_cubins),
 ]
 
 
@@ -229,7 +242,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
     ``dynamic`` takes the CLI's `--dynamic` strings. ``onnx="file"`` also exports the model to ONNX
     (``package.onnx`` holds the bytes), ``onnx="embed"`` stores it inside the archive as well.
-    ``backward=True`` also packages a training forward and a backward (CPU), with gradients for every
+    ``backward=True`` also packages a training forward and a backward (for every target), with gradients for every
     parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
     interpreter (exporter/triton_interpret.py), which is how tests check many kernels quickly.
@@ -243,9 +256,6 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
                backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
-    if backward and "cpu" not in st.targets:
-        raise ExportError(f"--backward builds CPU training kernels; targets {', '.join(st.targets)} have no cpu. "
-                          f"Add cpu to --target (e.g. --target cpu,cuda:sm_90).")
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)

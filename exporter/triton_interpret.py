@@ -3,7 +3,9 @@
 It follows the package exactly as the CUDA loader does: the generated source and the launch list from the
 manifest, guards and symbol binding from the loader, temps at their planned offsets in one workspace, grids
 evaluated from their expressions, the error word checked after the last kernel. Tests use it to check every
-generated kernel without a GPU; users can use it to debug a GPU package on a laptop (slowly).
+generated kernel without a GPU; users can use it to debug a GPU package on a laptop (slowly). A ``--backward``
+package's training entry points run the same way (``InterpretedPackage.train``, ``run_training_interpreted``):
+the training forward's launches, then the backward's over the forward's inputs, outputs and saved activations.
 
 libdevice calls have no interpreter implementation, so while interpreting, the module's ``libdevice`` is
 replaced by numpy versions of the same functions; everything else is the source the cubins were built from.
@@ -140,30 +142,63 @@ class InterpretedPackage:
         self.guards = GuardPlan(m)
         arrays = load_weights(self.archive, m)
         self.weights = [_tensor(arrays[w.name], w.dtype) for w in m.weights]
+        self._modules: dict = {}  # training entry -> its interpreted module, imported on first use
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         m = self.manifest
         env = self.guards.check(list(inputs))
         ins = [_tensor(np.ascontiguousarray(x), spec.dtype) for x, spec in zip(inputs, m.inputs)]
+        outs = self._launch(self.module, m.cuda.launches, m.cuda.workspace_bytes, ins, m.outputs, env)
+        return [_numpy(o) for o in outs]
+
+    def train(self, inputs: list[np.ndarray], grad_outputs: list | None = None) -> tuple[list, dict]:
+        """The training forward, then the backward (SPEC §6b), as the CUDA loader runs them: returns the
+        forward's outputs (the model's, then the saved activations) and the gradients by name.
+        ``grad_outputs`` has one array (or None) per model output; None means 1 for each scalar output."""
+        m, t = self.manifest, self.manifest.training
+        if t is None or t.forward.cuda is None:
+            raise ValueError(f"{self.archive.path}: the package has no CUDA training kernels (export with "
+                             f"--backward and a cuda target)")
+        env = self.guards.check(list(inputs))
+        ins = [_tensor(np.ascontiguousarray(x), spec.dtype) for x, spec in zip(inputs, m.inputs)]
+        fw = self._launch(self._training_module(t.forward), t.forward.cuda.launches, t.forward.cuda.workspace_bytes,
+                          ins, t.forward.outputs, env)
+        if grad_outputs is None:
+            grad_outputs = [np.ones((), _numpy(o).dtype) if o.dim() == 0 else None for o in fw[:len(m.outputs)]]
+        grads = [None if g is None else _tensor(np.ascontiguousarray(g), spec.dtype)
+                 for g, spec in zip(grad_outputs, m.outputs)]
+        sources = {"input": ins, "forward": fw, "grad": grads}
+        bw_ins = [sources[kind][k] for kind, k in t.sources]
+        bw = self._launch(self._training_module(t.backward), t.backward.cuda.launches,
+                          t.backward.cuda.workspace_bytes, bw_ins, t.backward.outputs, env)
+        return [_numpy(o) for o in fw], {s.name: _numpy(o) for s, o in zip(t.backward.outputs, bw)}
+
+    def _training_module(self, graph):
+        if graph.entry not in self._modules:
+            self._modules[graph.entry] = load_module(self.archive.read(graph.cuda.source).decode())
+        return self._modules[graph.entry]
+
+    def _launch(self, module, launches, workspace_bytes, ins: list, out_specs, env: dict) -> list:
+        """Run ``launches`` of ``module`` over these inputs; returns fresh outputs shaped by ``out_specs``."""
         outs = [torch.empty([ex.evaluate(d, env) for d in spec.shape], dtype=TORCH[spec.dtype])
-                for spec in m.outputs]
+                for spec in out_specs]
         for o in outs:  # poison, so an element no kernel writes shows up
             o.fill_(float("nan") if o.dtype.is_floating_point else -7 if o.dtype != torch.bool else True)
-        workspace = torch.zeros(max(ex.evaluate(m.workspace_bytes, env), 64) + 64, dtype=torch.uint8)
+        workspace = torch.zeros(max(ex.evaluate(workspace_bytes, env), 64) + 64, dtype=torch.uint8)
         error = torch.zeros(1, dtype=torch.int32)
         with _interpreting():
-            for launch in m.cuda.launches:
+            for launch in launches:
                 args = [_arg(p, ins, self.weights, outs, workspace, env, error) for p in launch.params]
                 grid = tuple(ex.evaluate(g, env) for g in launch.grid)
                 if min(grid) == 0:
                     continue
-                getattr(self.module, launch.name)[grid](*args, **launch.block)
+                getattr(module, launch.name)[grid](*args, **launch.block)
         if int(error[0]):
-            bad = m.cuda.launches[int(error[0]) - 1].name
+            bad = launches[int(error[0]) - 1].name
             raise RuntimeKernelError(f"kernel {bad}: an index read from a tensor is out of range (negative, or not "
                                      "below the size of the dim it indexes). Check the index inputs, e.g. token "
                                      "ids against the vocabulary size.")
-        return [_numpy(o) for o in outs]
+        return outs
 
 
 def _tensor(a: np.ndarray, dtype: str) -> torch.Tensor:
@@ -199,28 +234,54 @@ def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -
     """Run ``path`` in the interpreter on each case (a list of input arrays), in a fresh process; returns the
     outputs per case. A kernel's out-of-range index comes back as RuntimeKernelError, a guard failure as
     the loader's typed error (by class name)."""
-    from tcexport.formats import errors as E
-
     with tempfile.TemporaryDirectory(prefix="tcexport-interpret-") as tmp:
         folder = Path(tmp)
         for c, inputs in enumerate(cases):
             for k, x in enumerate(inputs):
                 np.save(folder / f"case{c}_in{k}.npy", x)
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        proc = subprocess.run([sys.executable, "-m", "tcexport.exporter.triton_interpret", str(path), tmp,
-                               str(len(cases))], capture_output=True, text=True, env=env, timeout=timeout)
-        if proc.returncode != 0:
-            err = folder / "error.json"
-            if err.is_file():
-                info = json.loads(err.read_text())
-                raise getattr(E, info["type"], E.TcError)(info["message"])
-            raise RuntimeError(f"interpreter process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        _run_process(path, folder, len(cases), "run", timeout)
         dtypes = [spec.dtype for spec in open_archive(path).manifest.outputs]
-        outs = []
+        return [_load_arrays(folder, f"case{c}_out", dtypes) for c in range(len(cases))]
+
+
+def run_training_interpreted(path, cases: list, timeout: float = 900) -> list[tuple[list, dict]]:
+    """``InterpretedPackage.train`` on each case ``(inputs, grad_outputs or None)`` in a fresh process; returns
+    per case the training forward's outputs and the gradients by name. Errors come back as in run_interpreted."""
+    with tempfile.TemporaryDirectory(prefix="tcexport-interpret-") as tmp:
+        folder = Path(tmp)
+        for c, (inputs, grads) in enumerate(cases):
+            for k, x in enumerate(inputs):
+                np.save(folder / f"case{c}_in{k}.npy", x)
+            for k, g in enumerate(grads or []):
+                if g is not None:
+                    np.save(folder / f"case{c}_grad{k}.npy", g)
+        _run_process(path, folder, len(cases), "train", timeout)
+        t = open_archive(path).manifest.training
+        out = []
         for c in range(len(cases)):
-            n = len(list(folder.glob(f"case{c}_out*.npy")))
-            outs.append([_retag(np.load(folder / f"case{c}_out{k}.npy"), dtypes[k]) for k in range(n)])
-        return outs
+            grads = _load_arrays(folder, f"case{c}_bw", [s.dtype for s in t.backward.outputs])
+            out.append((_load_arrays(folder, f"case{c}_out", [s.dtype for s in t.forward.outputs]),
+                        {s.name: g for s, g in zip(t.backward.outputs, grads)}))
+        return out
+
+
+def _run_process(path, folder: Path, n_cases: int, mode: str, timeout: float) -> None:
+    from tcexport.formats import errors as E
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "tcexport.exporter.triton_interpret", str(path), str(folder),
+                           str(n_cases), mode], capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        err = folder / "error.json"
+        if err.is_file():
+            info = json.loads(err.read_text())
+            raise getattr(E, info["type"], E.TcError)(info["message"])
+        raise RuntimeError(f"interpreter process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+
+
+def _load_arrays(folder: Path, prefix: str, dtypes: list) -> list[np.ndarray]:
+    n = len(list(folder.glob(f"{prefix}*.npy")))
+    return [_retag(np.load(folder / f"{prefix}{k}.npy"), dtypes[k]) for k in range(n)]
 
 
 def _retag(a: np.ndarray, dtype: str) -> np.ndarray:
@@ -234,13 +295,23 @@ def _main(argv: list[str]) -> int:
     from tcexport.formats.errors import TcError
 
     path, folder, n_cases = argv[0], Path(argv[1]), int(argv[2])
+    mode = argv[3] if len(argv) > 3 else "run"
     try:
         pkg = InterpretedPackage(path)
+        m = pkg.manifest
         for c in range(n_cases):
-            inputs = [_retag(np.load(folder / f"case{c}_in{k}.npy"), spec.dtype)
-                      for k, spec in enumerate(pkg.manifest.inputs)]
-            for k, o in enumerate(pkg.run(*inputs)):
+            inputs = [_retag(np.load(folder / f"case{c}_in{k}.npy"), spec.dtype) for k, spec in enumerate(m.inputs)]
+            if mode == "run":
+                for k, o in enumerate(pkg.run(*inputs)):
+                    np.save(folder / f"case{c}_out{k}.npy", o)
+                continue
+            files = [folder / f"case{c}_grad{k}.npy" for k in range(len(m.outputs))]
+            given = [_retag(np.load(f), spec.dtype) if f.is_file() else None for f, spec in zip(files, m.outputs)]
+            outs, grads = pkg.train(inputs, given if any(g is not None for g in given) else None)
+            for k, o in enumerate(outs):
                 np.save(folder / f"case{c}_out{k}.npy", o)
+            for k, g in enumerate(grads.values()):
+                np.save(folder / f"case{c}_bw{k}.npy", g)
     except TcError as e:
         (folder / "error.json").write_text(json.dumps({"type": type(e).__name__, "message": str(e)}))
         return 1

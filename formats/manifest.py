@@ -15,7 +15,7 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
@@ -297,7 +297,7 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
     training = None
     if "training" in d:
         from .training import parse_training
-        training = parse_training(d["training"], names, inputs, outputs, weights)
+        training = parse_training(d["training"], names, inputs, outputs, weights, tuple(kernels), members)
     return Manifest(
         format_version=tuple(version), producer=dict(_need(d, "producer", dict, "manifest")),
         model=str(model.get("name", "")), symbols=tuple(symbols), inputs=inputs, outputs=outputs,

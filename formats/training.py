@@ -10,7 +10,7 @@ backward input comes from and what each backward output is the gradient of, so a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import expr as ex
@@ -22,12 +22,24 @@ _ENTRY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
+class GraphCuda:
+    """A training graph's CUDA kernels (added in 1.3; SPEC §6b)."""
+
+    source: str             # member: the Triton source the cubins were built from
+    index_bits: int         # default width of the launches' symbol parameters (32 or 64)
+    workspace_bytes: Any    # expression: the arena the launches' temps live in
+    launches: tuple         # manifest.Launch, in run order; params index this graph's inputs and outputs
+    cubins: dict            # CUDA bundle isa ("sm_90") -> one manifest.Cubin per launch, in launch order
+
+
+@dataclass(frozen=True)
 class TrainingGraph:
     entry: str              # the C symbol (same signature as tc_run)
     inputs: tuple           # TensorSpec in ABI order; the training forward's are manifest.inputs (empty here)
     outputs: tuple          # TensorSpec in ABI order
     workspace_bytes: Any    # expression: the workspace this entry needs
     kernels: tuple = ()     # informational: kernel names in launch order
+    cuda: GraphCuda | None = None  # its CUDA kernels (1.3; absent: no CUDA training entry points)
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,8 @@ class Training:
                  "workspace_bytes": g.workspace_bytes, "kernels": list(g.kernels)}
             if inputs is not None:
                 d["inputs"] = inputs
+            if g.cuda is not None:
+                d["cuda"] = _cuda_json(g.cuda)
             return d
 
         inputs = [{**_spec_json(s), "from": list(src)} for s, src in zip(self.backward.inputs, self.sources)]
@@ -56,8 +70,21 @@ def _spec_json(s) -> dict:
     return {"name": s.name, "dtype": s.dtype, "shape": list(s.shape)}
 
 
-def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights: tuple) -> Training:
-    """Parse and check ``training`` against the rest of the manifest; FormatError names the bad field."""
+def _cuda_json(c: GraphCuda) -> dict:
+    from dataclasses import asdict
+
+    from .manifest import CudaPlan, _cuda_json as plan_json
+
+    launches = plan_json(CudaPlan(triton="", index_bits=c.index_bits, launches=c.launches,
+                                  workspace_bytes=c.workspace_bytes))["launches"]
+    return {"source": c.source, "index_bits": c.index_bits, "workspace_bytes": c.workspace_bytes,
+            "launches": launches, "cubins": {isa: [asdict(x) for x in cs] for isa, cs in sorted(c.cubins.items())}}
+
+
+def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights: tuple, kernels: tuple = (),
+                   members: dict | None = None) -> Training:
+    """Parse and check ``training`` against the rest of the manifest (``kernels``: its bundles, ``members``: its
+    member table); FormatError names the bad field."""
     if not isinstance(d, dict):
         raise FormatError("manifest: training should be an object")
     from .manifest import _need
@@ -83,6 +110,7 @@ def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights:
                       for k, x in enumerate(_need(d["backward"], "outputs", list, "training.backward")))
     if len({s.name for s in backward.outputs}) != len(backward.outputs):
         raise FormatError("manifest: training.backward.outputs has duplicate names")
+    forward, backward = _with_cuda(d, forward, backward, symbols, len(inputs), len(weights), kernels, members)
     return Training(trainable, forward, backward, sources, gradients)
 
 
@@ -133,3 +161,62 @@ def _parse_gradient(x: dict, k: int, named: dict, trainable: tuple, spec) -> tup
     if not _same(spec, named[kind][name]):
         raise FormatError(f"{where}: a gradient should have the dtype and shape of {kind} {name!r}")
     return kind, name
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA kernels of the training graphs (1.3)
+
+
+def _with_cuda(d: dict, forward: TrainingGraph, backward: TrainingGraph, symbols: set, n_inputs: int,
+               n_weights: int, kernels: tuple, members: dict | None) -> tuple[TrainingGraph, TrainingGraph]:
+    """Both graphs with their ``cuda`` parsed (both or neither have one), checked against every CUDA bundle."""
+    has = ["cuda" in d["forward"], "cuda" in d["backward"]]
+    if has[0] != has[1]:
+        raise FormatError("manifest: training.forward and training.backward should both have 'cuda' or neither "
+                          "(a CUDA training package needs both entry points); rebuild the package")
+    if not has[0]:
+        return forward, backward
+    isas = [k.isa for k in kernels if k.target.startswith("cuda:")]
+    graphs = []
+    for name, g, n_in in (("forward", forward, n_inputs), ("backward", backward, len(backward.inputs))):
+        cuda = _parse_graph_cuda(d[name]["cuda"], f"training.{name}.cuda", symbols, n_in, n_weights,
+                                 len(g.outputs), isas, members)
+        graphs.append(replace(g, cuda=cuda))
+    return graphs[0], graphs[1]
+
+
+def _parse_graph_cuda(c: Any, where: str, symbols: set, n_inputs: int, n_weights: int, n_outputs: int,
+                      isas: list, members: dict | None) -> GraphCuda:
+    from .manifest import _need, _parse_cubin, _parse_cuda
+
+    if not isinstance(c, dict):
+        raise FormatError(f"manifest: {where} should be an object")
+    source = _need(c, "source", str, where)
+    bits = c.get("index_bits", 32)
+    if bits not in (32, 64):
+        raise FormatError(f"manifest: {where}.index_bits should be 32 or 64, found {bits!r:.80}")
+    workspace = c.get("workspace_bytes", 0)
+    ex.validate(workspace, symbols, f"manifest: {where}.workspace_bytes")
+    try:  # the launch list has the form of the manifest's cuda.launches: one parser checks both
+        plan = _parse_cuda({"triton": "", "index_bits": bits, "launches": _need(c, "launches", list, where)},
+                           symbols, n_inputs, n_weights, n_outputs, workspace)
+    except FormatError as e:
+        raise FormatError(str(e).replace("manifest: cuda.", f"manifest: {where}.")) from None
+    names = [l.name for l in plan.launches]
+    table = _need(c, "cubins", dict, where) if "cubins" in c else {}
+    cubins = {}
+    for isa, cs in table.items():
+        if not isinstance(cs, list):
+            raise FormatError(f"manifest: {where}.cubins[{isa!r}] should be a list of cubins")
+        cubins[isa] = tuple(_parse_cubin(x, f"{where}.cubins[{isa!r}][{j}]") for j, x in enumerate(cs))
+        if [x.kernel for x in cubins[isa]] != names:
+            raise FormatError(f"manifest: {where}.cubins[{isa!r}] should have one cubin per launch of "
+                              f"{where}.launches, in the same order; rebuild the package")
+    for isa in isas:
+        if isa not in cubins:
+            raise FormatError(f"manifest: {where}.cubins has no entry for the package's CUDA bundle {isa} "
+                              f"(it has {sorted(cubins) or 'none'}); rebuild the package")
+    for ref in [source] + [x.file for cs in cubins.values() for x in cs]:
+        if members is not None and ref not in members:
+            raise FormatError(f"manifest: {where} refers to member {ref!r}, which is not listed in members")
+    return GraphCuda(source, bits, workspace, plan.launches, cubins)

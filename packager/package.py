@@ -105,6 +105,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         members[ONNX_FILE] = st.onnx[0]
         onnx = {"file": ONNX_FILE, "opset": st.onnx[1]}
     outputs = tuple(_spec(prog, low, n) for n in prog.outputs)
+    training, training_sources = training_section(st, outputs, members)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
@@ -123,10 +124,10 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         plan={"kernels": [k.name for k in st.kernels],
               "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(st))},
-        sources=tuple(sources),
+        sources=tuple(sources + training_sources),
         onnx=onnx,
         cuda=cuda,
-        training=training_section(st, outputs),
+        training=training,
     )
     return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
                    tuple(st.captured.notes))

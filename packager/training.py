@@ -1,9 +1,13 @@
-"""The manifest's ``training`` section from a pipeline State built with ``--backward`` (SPEC §6b)."""
+"""The manifest's ``training`` section from a pipeline State built with ``--backward`` (SPEC §6b), and with CUDA
+targets each training graph's launch list, Triton source and cubins (members of their own, so their kernel
+names never meet the inference graph's)."""
 
 from __future__ import annotations
 
-from tcexport.formats.manifest import TensorSpec
-from tcexport.formats.training import Training, TrainingGraph
+from dataclasses import replace
+
+from tcexport.formats.manifest import Cubin, TensorSpec
+from tcexport.formats.training import GraphCuda, Training, TrainingGraph
 
 from .exprs import to_expr
 
@@ -18,10 +22,11 @@ def _graph(entry: str, g, inputs: tuple, outputs: tuple) -> TrainingGraph:
     return TrainingGraph(entry, inputs, outputs, to_expr(g.memory.workspace_bytes), tuple(k.name for k in g.kernels))
 
 
-def training_section(st, outputs: tuple) -> Training | None:
-    """``outputs`` are the manifest's output specs (the training forward returns them first)."""
+def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None, list[str]]:
+    """The section and the source members it added to ``members``; ``outputs`` are the manifest's output specs
+    (the training forward returns them first)."""
     if st.training is None:
-        return None
+        return None, []
     from tcexport.exporter.autograd import BACKWARD_ENTRY, FORWARD_ENTRY
 
     tg = st.training
@@ -31,6 +36,30 @@ def training_section(st, outputs: tuple) -> Training | None:
     fw_outputs = tuple(_spec(fw.program, b, name) for b, name in zip(fw.program.outputs, fw_names))
     bw_inputs = tuple(_spec(bw.program, b, bw.lowering.public_names[b]) for b in bw.program.inputs)
     bw_outputs = tuple(_spec(bw.program, b, name) for b, (_, name) in zip(bw.program.outputs, tg.gradients))
-    return Training(tuple(tg.trainable), _graph(FORWARD_ENTRY, fw, (), fw_outputs),
-                    _graph(BACKWARD_ENTRY, bw, bw_inputs, bw_outputs), tuple(tg.backward_sources),
-                    tuple(tg.gradients))
+    forward, backward = _graph(FORWARD_ENTRY, fw, (), fw_outputs), _graph(BACKWARD_ENTRY, bw, bw_inputs, bw_outputs)
+    sources = []
+    if fw.triton is not None:
+        forward, backward = (replace(forward, cuda=_cuda(FORWARD_ENTRY, fw, members)),
+                             replace(backward, cuda=_cuda(BACKWARD_ENTRY, bw, members)))
+        sources = [forward.cuda.source, backward.cuda.source]
+    return Training(tuple(tg.trainable), forward, backward, tuple(tg.backward_sources),
+                    tuple(tg.gradients)), sources
+
+
+def _cuda(entry: str, g, members: dict) -> GraphCuda:
+    """``g``'s launch list (made as the inference one is, over its own inputs, weights and outputs), with its
+    Triton source under ``src/cuda/training/`` and its cubins under ``kernels/cuda-sm_XX/<entry>/``."""
+    from .package import _cuda as launch_plan
+
+    plan, _ = launch_plan(g, {})  # the inference bundles' member names would clash: the cubins are named here
+    source = f"src/cuda/training/{entry}.py"
+    members[source] = g.triton.source.encode()
+    cubins = {}
+    for arch, built in g.cubins.items():
+        files = []
+        for c in built:
+            path = f"kernels/cuda-sm_{arch}/{entry}/{c.kernel}.cubin"
+            members[path] = c.data
+            files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps))
+        cubins[f"sm_{arch}"] = tuple(files)
+    return GraphCuda(source, g.triton.index_bits, plan.workspace_bytes, plan.launches, cubins)

@@ -29,7 +29,6 @@ def test_backward_summary_and_dump(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, message", [
-    (["--target", "cuda:sm_90"], 10, "--backward builds CPU training kernels"),
     (["--grad-inputs", "ids"], 13, "only floating-point inputs have gradients"),
     (["--grad-inputs", "nope"], 13, "which is not an input of"),
 ])

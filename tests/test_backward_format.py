@@ -1,4 +1,4 @@
-"""The manifest's ``training`` section (format 1.2): round trip, defaults for older manifests, and a FormatError
+"""The manifest's ``training`` section (format 1.2, CUDA kernels 1.3): round trip, defaults for older manifests, and a FormatError
 naming the field for each broken rule of SPEC §6b."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def manifest_json() -> dict:
 
 def test_round_trip(manifest_json):
     m = parse_manifest(manifest_json)
-    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 2)
+    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 3)
     assert json.loads(m.dumps()) == manifest_json
     assert m.training.sources[0] == ("input", 0) and m.training.gradients[-1] == ("input", "x")
 

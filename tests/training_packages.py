@@ -18,16 +18,18 @@ MODEL_FILES = {"mlp": EXAMPLES / "mlp.py", "cnn": EXAMPLES / "cnn.py", "decoder"
 
 
 @functools.lru_cache(maxsize=None)
-def training_package(name: str, *grad_inputs: str) -> Path:
-    """``MODEL.py --backward [--grad-inputs ...]`` exported into the session's work dir."""
+def training_package(name: str, *grad_inputs: str, targets: str = "cpu", build_cubins: bool = True) -> Path:
+    """``MODEL.py --backward [--grad-inputs ...] [--target ...]`` exported into the session's work dir;
+    ``build_cubins=False`` keeps only the Triton source of CUDA targets (for the interpreter)."""
     from tcexport.exporter.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     path = str(MODEL_FILES[name])
     spec = load_model_file(path)
-    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, name=name, source_path=path,
-                 backward=True, grad_inputs=grad_inputs)
-    out = WORK / f"{name}-backward-{'-'.join(grad_inputs) or 'params'}.tcpkg"
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, targets, name=name, source_path=path,
+                 backward=True, grad_inputs=grad_inputs, build_cubins=build_cubins)
+    tag = targets.replace(":", "_").replace(",", "_") + ("" if build_cubins else "-source")
+    out = WORK / f"{name}-backward-{'-'.join(grad_inputs) or 'params'}-{tag}.tcpkg"
     pkg.save(out)
     return out
 
