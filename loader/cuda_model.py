@@ -79,6 +79,16 @@ class DeviceArray:
         self.dtype = dtype
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
         self.ptr = device.alloc(self.nbytes)
+        self.owner = None  # None: this array owns ``ptr`` and frees it
+
+    @classmethod
+    def alias(cls, device: Device, ptr: int, shape: tuple, dtype: str, owner) -> "DeviceArray":
+        """A view of memory ``owner`` holds (a model's weights): never freed by the view, and it keeps ``owner``
+        alive while it (or a torch tensor / CuPy array made from it) is in use."""
+        a = cls.__new__(cls)
+        a.device, a.shape, a.dtype, a.ptr, a.owner = device, tuple(int(s) for s in shape), dtype, int(ptr), owner
+        a.nbytes = int(np.prod(a.shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
+        return a
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -91,7 +101,18 @@ class DeviceArray:
             self.device.download(out.ctypes.data, self.ptr, self.nbytes)
         return out
 
+    def copy_from(self, host: np.ndarray) -> None:
+        """Overwrite the contents with a host array of the same shape and dtype (a synchronous copy)."""
+        a = np.ascontiguousarray(host)
+        if a.shape != self.shape or a.nbytes != self.nbytes:
+            raise DtypeError(f"copy_from: expected shape {list(self.shape)} of {self.dtype}, got {list(a.shape)} of "
+                             f"{a.dtype}", expected=list(self.shape), got=list(a.shape), rule="shape")
+        if self.nbytes:
+            self.device.upload(self.ptr, a.ctypes.data, self.nbytes)
+
     def __del__(self):
+        if getattr(self, "owner", None) is not None:
+            return
         try:
             self.device.free(self.ptr)
         except Exception:  # noqa: BLE001 - interpreter shutdown or a dead context: nothing to free into
@@ -182,12 +203,7 @@ class CudaModel:
         self.check_indices = check_indices
         self._plan = GuardPlan(m)
         self._modules = []
-        self._kernels = []
-        for launch, cubin in zip(m.cuda.launches, self.bundle.cubins):
-            module, fn = device.load_function(archive.read(cubin.file), cubin.function, cubin.shared)
-            self._modules.append(module)
-            self._kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
-                                         launch.grid, "i32" if launch.index_bits == 32 else "i64"))
+        self._kernels = self._load_kernels(m.cuda.launches, self.bundle.cubins)
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
         self._error = device.alloc(4)
@@ -202,6 +218,15 @@ class CudaModel:
         self._lock = threading.Lock()  # graphs and the workspace are shared: one call at a time per model
 
     # setup ---------------------------------------------------------------------------------------------
+
+    def _load_kernels(self, launches, cubins) -> list[_Kernel]:
+        kernels = []
+        for launch, cubin in zip(launches, cubins):
+            module, fn = self.device.load_function(self.archive.read(cubin.file), cubin.function, cubin.shared)
+            self._modules.append(module)
+            kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
+                                   launch.grid, "i32" if launch.index_bits == 32 else "i64"))
+        return kernels
 
     def _upload_weights(self, arrays: dict) -> tuple[int, list]:
         specs = self.manifest.weights
@@ -222,7 +247,8 @@ class CudaModel:
         with self._lock:
             return self._call(args, stream, kwargs)
 
-    def _call(self, args, stream, kwargs):
+    def _bind(self, args, kwargs, stream) -> tuple[list, list, dict, int]:
+        """The call's input values, their descriptions, the symbols the guards bound, and the stream."""
         names = [s.name for s in self.manifest.inputs]
         values = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
         if kwargs:
@@ -231,7 +257,10 @@ class CudaModel:
         values = [np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v for v in values]
         metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
         env = self._plan.check(metas)
-        stream = _caller_stream(values, self.device) if stream is None else int(stream)
+        return values, metas, env, _caller_stream(values, self.device) if stream is None else int(stream)
+
+    def _call(self, args, stream, kwargs):
+        values, metas, env, stream = self._bind(args, kwargs, stream)
         outs = self._new_outputs(values, env)
         out_ptrs = [_pointer(o) for o in outs]
         if self.graphs:
@@ -244,22 +273,25 @@ class CudaModel:
             outs = [o.numpy() for o in outs]  # DeviceArray.numpy waits for the copy (a synchronous download)
         return outs[0] if self._single else tuple(outs)
 
-    def _new_outputs(self, values, env) -> list:
-        shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in self._out_specs]
+    def _new_outputs(self, values, env, specs=None) -> list:
+        """Arrays for ``specs`` ((shape, dtype) pairs; default: the model's outputs) of the kind ``values`` are."""
+        specs = self._out_specs if specs is None else specs
+        shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
         if any(_is_torch(v) for v in values):
             torch = _torch()
             dev = f"cuda:{self.device.ordinal}"
-            return [torch.empty(s, dtype=getattr(torch, dt), device=dev) for s, (_, dt) in zip(shapes, self._out_specs)]
+            return [torch.empty(s, dtype=getattr(torch, dt), device=dev) for s, (_, dt) in zip(shapes, specs)]
         cupy = sys.modules.get("cupy")
         if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values) \
-                and not any(dt == "bfloat16" for _, dt in self._out_specs):
-            return [cupy.empty(s, dtype=dt) for s, (_, dt) in zip(shapes, self._out_specs)]
-        return [DeviceArray(self.device, s, dt) for s, (_, dt) in zip(shapes, self._out_specs)]
+                and not any(dt == "bfloat16" for _, dt in specs):
+            return [cupy.empty(s, dtype=dt) for s, (_, dt) in zip(shapes, specs)]
+        return [DeviceArray(self.device, s, dt) for s, (_, dt) in zip(shapes, specs)]
 
-    def _blocks(self, inputs: list, outputs: list, workspace: int, env: dict) -> list:
-        """One ParamBlock and grid per kernel for these buffer addresses and symbol values."""
+    def _blocks(self, inputs: list, outputs: list, workspace: int, env: dict, kernels=None) -> list:
+        """One ParamBlock and grid per kernel (default: the inference ones) for these buffer addresses and
+        symbol values."""
         out = []
-        for k in self._kernels:
+        for k in self._kernels if kernels is None else kernels:
             values, kinds = [], []
             for p in k.params:
                 kind, v = p["kind"], p["value"]
@@ -351,14 +383,15 @@ class CudaModel:
         self.device.destroy_graph(g.graph, g.graph_exec)
         self.device.free(g.memory)
 
-    def _raise_on_bad_index(self, stream: int) -> None:
+    def _raise_on_bad_index(self, stream: int, kernels=None) -> None:
         self.device.synchronize(stream)
         self.device.download(self._error_host.ctypes.data, self._error, 4)
         code = int(self._error_host[0])
         if code:
             self.device.memset32_async(self._error, 0, 1, stream)
             self.device.synchronize(stream)
-            raise RuntimeKernelError(f"kernel {self._kernels[code - 1].name}: an index read from a tensor is out of "
+            kernels = self._kernels if kernels is None else kernels
+            raise RuntimeKernelError(f"kernel {kernels[code - 1].name}: an index read from a tensor is out of "
                                      "range (negative, or not below the size of the dim it indexes). Check the "
                                      "index inputs, e.g. token ids against the vocabulary size.")
 
@@ -398,4 +431,8 @@ def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indic
         raise TargetError(f"device {device!r} should be 'cuda' or 'cuda:N'")
     if archive.manifest.cuda is None:
         pick_bundle(archive.manifest, Device(int(index or 0)).arch, archive.path)
+    t = archive.manifest.training
+    if t is not None and t.forward.cuda is not None:  # --backward: forward(grad=True), backward, weights
+        from .cuda_training import TrainableCudaModel
+        return TrainableCudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices)
     return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices)

@@ -114,6 +114,11 @@ class Device:
     def synchronize(self, stream: int) -> None:
         check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
+    def synchronize_context(self) -> None:
+        """Wait for all work of this context on every stream (before weights are read or written)."""
+        self.make_current()
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
     def begin_capture(self, stream) -> None:
         mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(self.cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")

@@ -39,7 +39,7 @@ CASES = {"mlp": [(1, 64), (7, 64)], "cnn": [(1, 3, 32, 32)], "decoder": [(1, 3),
 def test_training_kernels_match_float64_autograd_in_the_interpreter(name):
     grad_inputs = ("x",) if name == "mlp" else ()
     path = training_package(name, *grad_inputs, targets="cuda:sm_90", build_cubins=False)
-    cases, grads_out = [], []
+    cases = []
     for shape in CASES[name]:
         xs = _inputs(name, shape, seed=sum(shape))
         with torch.no_grad():
