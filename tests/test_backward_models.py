@@ -8,7 +8,8 @@ import pytest
 
 import tcexport.loader as L
 from tcexport.formats import errors as E
-from tcexport.loader.training import Saved, TrainableModel, TrainingError
+from tcexport.formats.errors import TrainingError
+from tcexport.loader.training import Saved, TrainableModel
 from packages import built, mlp_package
 from training_packages import MODEL_FILES, assert_gradients_close, reference_gradients, training_package
 

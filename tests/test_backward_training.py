@@ -14,7 +14,7 @@ import torch
 
 import tcexport.loader as L
 from tcexport.formats import errors as E
-from tcexport.loader.training import TrainingError
+from tcexport.formats.errors import TrainingError
 from training_packages import module, training_package
 
 pytestmark = pytest.mark.slow
@@ -110,8 +110,9 @@ def test_load_weights_rejects_what_is_not_the_packages(tmp_path):
         m.load_weights({**good, "fc3.weight": np.zeros(3, np.float32)})
     with pytest.raises(TrainingError, match="missing trainable weights"):
         m.load_weights({"fc1.weight": good["fc1.weight"]})
-    with pytest.raises(TrainingError, match=r"float32\[4\], got float64\[4\]"):
+    with pytest.raises(TrainingError, match=r"float32\[4\], got float64\[4\]") as e:
         m.load_weights({**good, "fc2.bias": np.zeros(4, np.float64)})
+    assert (e.value.name, e.value.expected, e.value.got) == ("fc2.bias", "float32[4]", "float64[4]")
     before = m.parameters()["fc1.weight"].copy()
     with pytest.raises(TrainingError):  # a bad entry leaves every weight as it was
         m.load_weights({**good, "fc1.weight": np.zeros_like(before), "fc2.bias": np.zeros(5, np.float32)})
