@@ -107,6 +107,8 @@ OPS = {
 INT_OPS = {"floordiv": "_floordiv({a}, {b})", "remainder": "_pymod({a}, {b})", "fmod": "({a} % {b})",
            "truncdiv": "({a} // {b})", "abs": "tl.where({a} < 0, -{a}, {a})", "maximum": "tl.maximum({a}, {b})",
            "minimum": "tl.minimum({a}, {b})", "relu": "tl.maximum({a}, 0)"}
+# tl.sqrt_rn takes float32 only; float64's tl.sqrt is already sqrt.rn.f64 (float32's is sqrt.approx)
+FLOAT64_OPS = {"sqrt": "tl.sqrt({a})", "rsqrt": "(1.0 / tl.sqrt({a}))"}
 FLOAT_OPS = {"floordiv": "tl.floor({a} / {b})", "remainder": "_fpymod({a}, {b})",
              "truncdiv": "libdevice.trunc({a} / {b})"}
 BOOL_OPS = {"maximum": "({a} | {b})", "minimum": "({a} & {b})", "mul": "({a} & {b})", "add": "({a} | {b})"}
@@ -320,7 +322,7 @@ class Emitter:
             args = [self._as(a, v.dtype) for a in v.args]
         kind = "bool" if v.dtype == "bool" else ("float" if v.dtype in FLOATS else "int")
         table = {"bool": BOOL_OPS, "float": FLOAT_OPS, "int": INT_OPS}[kind]
-        tmpl = table.get(v.op) or OPS.get(v.op)
+        tmpl = table.get(v.op) or (FLOAT64_OPS.get(v.op) if v.dtype == "float64" else None) or OPS.get(v.op)
         if tmpl is None:
             raise NotImplementedError(f"no Triton rendering for op {v.op!r}")
         text = tmpl.format(a=args[0] if args else "", b=args[1] if len(args) > 1 else "",

@@ -129,7 +129,7 @@ def _binary_rule(name):
         if alpha != 1:
             return _scaled_binary(low, val, name, a, b, alpha)
         if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) \
-                and b in POW_BY_MULTIPLY and torch_dtype_name(val.dtype) in ir.FLOAT_DTYPES:
+                and b in POW_BY_MULTIPLY and torch_dtype_name(val.dtype) != "bool":
             return _power(low, val, a, int(b))
         if name.startswith("logical_") and torch_dtype_name(val.dtype) != "bool":
             return _pointwise(low, val, "bit" + name[len("logical_"):], a, b)  # bitwise ops on integers
@@ -142,7 +142,8 @@ POW_BY_MULTIPLY = (1, 2, 3, 4)
 
 def _power(low, val, x, n: int):
     """x ** n for a small integer n as repeated products: what pow computes, at a fraction of the cost, and
-    vectorisable (tanh-GELU's x ** 3, RMSNorm's x ** 2)."""
+    vectorisable (tanh-GELU's x ** 3, RMSNorm's x ** 2); for integers exactly eager's (wrapping) products, where
+    a float pow loses bits (and Triton has no integer pow)."""
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
     v = _value(x, shape, out)
     acc = v
