@@ -3,7 +3,7 @@ events, median of 50) against eager and torch.compile(mode="reduce-overhead"), b
 kind (torch.profiler), and report the arithmetic floor (FLOPs over a measured 8192^3 bf16 matmul) and the
 cold start of a fresh torch-free process. A quicker, narrower run than `python -m bench.run --suite gpu`:
 
-    python -m bench.gpu_gpt2            # DT=float32 for float32, COMPILE=0 to skip torch.compile, PB=1 to profile batch 1
+    python -m bench.gpu_gpt2            # DT=float32 for float32, COMPILE=0 to skip torch.compile, PB=1,8 to profile batches 1 and 8
 """
 import os, sys, time, json
 import torch
@@ -45,25 +45,27 @@ for batch in (1, 8):
         res[batch] = {"rel_err_vs_eager": rel, "tcpkg_ms": timed(lambda: model(ids)), "eager_ms": timed(lambda: m(ids))}
     print(batch, res[batch], flush=True)
 
-prof_batch = int(os.environ.get("PB", "8"))
-(ids,) = bm.inputs(prof_batch); ids = ids.cuda()
 from torch.profiler import profile, ProfilerActivity
-direct = L.load("/tmp/gpt2.tcpkg", device="cuda", graphs=False)
-direct(ids); torch.cuda.synchronize()
-with profile(activities=[ProfilerActivity.CUDA]) as p:
-    for _ in range(5): direct(ids)
-    torch.cuda.synchronize()
 import re, collections
-kinds = collections.defaultdict(float); counts = collections.Counter()
-for e in p.key_averages():
-    t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-    if re.match(r"k\d+_", e.key):
-        kind = re.sub(r"^k\d+_", "", e.key)
-        kinds[kind] += t / 5; counts[kind] += e.count // 5
-tot = sum(kinds.values())
-SUMMARY = "per call by kind (us): " + str({k: (round(v, 1), counts[k]) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}) + " total " + str(round(tot, 1))
-top = sorted(((getattr(e, "device_time_total", 0) or e.cuda_time_total) / 5, e.key) for e in p.key_averages() if re.match(r"k\d+_", e.key))[-12:]
-SUMMARY += "\ntop kernels (us/call): " + str([(round(t, 1), k) for t, k in top[::-1]])
+direct = L.load("/tmp/gpt2.tcpkg", device="cuda", graphs=False)
+SUMMARY = ""
+for prof_batch in map(int, os.environ.get("PB", "8").split(",")):
+    (ids,) = bm.inputs(prof_batch); ids = ids.cuda()
+    direct(ids); torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(5): direct(ids)
+        torch.cuda.synchronize()
+    kinds = collections.defaultdict(float); counts = collections.Counter()
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if re.match(r"k\d+_", e.key):
+            kind = re.sub(r"^k\d+_", "", e.key)
+            kinds[kind] += t / 5; counts[kind] += e.count // 5
+    tot = sum(kinds.values())
+    SUMMARY += f"batch {prof_batch} per call by kind (us): " + str({k: (round(v, 1), counts[k]) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}) + " total " + str(round(tot, 1))
+    top = sorted(((getattr(e, "device_time_total", 0) or e.cuda_time_total) / 5, e.key) for e in p.key_averages() if re.match(r"k\d+_", e.key))[-12:]
+    SUMMARY += "\ntop kernels (us/call): " + str([(round(t, 1), k) for t, k in top[::-1]]) + "\n"
+print(SUMMARY, flush=True)
 
 if os.environ.get("COMPILE", "1") == "1":
     c = torch.compile(m, mode="reduce-overhead")

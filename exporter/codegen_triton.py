@@ -21,6 +21,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from . import ir
 from .fuse import Kernel
+from .fuse_attention import scores as attention_scores
 from .codegen_cpp import _split_loops, _flat_position, ARG_REDUCTIONS
 
 TL_TYPE = {"float64": "tl.float64", "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
@@ -445,19 +446,22 @@ class GemmConfig:
     num_stages: int
 
 
-def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
-    """Heuristics, from a sweep of this template on an H200 over GPT-2 small's GEMMs (M 128 and 1024; N 768 to
-    50257; K 768, 3072) and its attention products: for 16-bit floats, 64x64x128 tiles (4 warps, 3 stages) when N
-    is at most 1024, 64x128x64 up to 16K columns, 128x256x64 with 8 warps for a vocabulary-sized N. float32
-    (full-precision dots) takes 64x64x32, float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs
-    at least 16); BK never exceeds what K needs."""
+SMALL_M = 256  # rows up to which a GEMM takes its small-M variant (batch 1-2 of 128 tokens)
+
+
+def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False) -> GemmConfig:
+    """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
+    to 50257; K 768, 3072), in CUDA graphs. 16-bit floats: with many rows, 64x128x64 tiles (4 warps, 3 stages)
+    up to 16K columns and 128x256x64 with 8 warps for a vocabulary-sized N; with at most SMALL_M rows
+    (``small_m``), 64x64x128 tiles, which give such a GEMM twice the programs (GPT-2's MLP up-projection at 128
+    rows: 5.6 us against 8.7) and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
+    float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
+    K needs."""
     if dtype in HALF:
-        if n_max is not None and n_max <= 1024:
-            bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
-        elif n_max is not None and n_max <= 16384:
-            bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
+        if n_max is not None and n_max <= 16384:
+            bm, bn, bk, warps, stages = (64, 64, 128, 4, 3) if small_m else (64, 128, 64, 4, 3)
         else:
-            bm, bn, bk, warps, stages = 128, 256, 64, 8, 3
+            bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if small_m else (128, 256, 64, 8, 3)
     elif dtype == "float32":
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3
     else:
@@ -471,6 +475,22 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     return GemmConfig(bm, bn, bk, 8, warps, stages)
 
 
+def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None) -> list:
+    """[(suffix, condition, config)]: one config, or, when M is symbolic and may exceed SMALL_M, a small-M
+    variant and a large one. The condition is an integer expression, 1 where its variant runs and 0 elsewhere
+    (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
+    shape signature without any new manifest field."""
+    m = sympy.sympify(m)
+    small = gemm_config(dtype, m_max, n_max, k_max, small_m=True)
+    if m.is_Integer or (m_max is not None and m_max <= SMALL_M):
+        return [("", sympy.Integer(1), small if (m_max or 0) <= SMALL_M else gemm_config(dtype, m_max, n_max, k_max))]
+    large = gemm_config(dtype, m_max, n_max, k_max)
+    if small == large:
+        return [("", sympy.Integer(1), large)]
+    return [("", sympy.Min(1, sympy.Max(0, m - SMALL_M)), large),
+            (f"_m{SMALL_M}", sympy.Min(1, sympy.Max(0, SMALL_M + 1 - m)), small)]
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     bm: int
@@ -482,9 +502,10 @@ class AttentionConfig:
 
 
 def attention_config(dtype: str, d: int, dv: int, m_max: int | None) -> AttentionConfig:
-    """Flash-attention tiles: 64 query rows a program and 64 keys a step, the head dims padded to a power of two
-    (at least 16, what tl.dot needs); float32 steps by 32 keys (its tiles take twice the registers). Few query
-    rows shrink the row block."""
+    """Flash-attention tiles: 64 query rows a program and 64 keys a step, 4 warps, 2 stages (the best overall of
+    13 configs swept on an H200 over GPT-2 small's heads at 12, 96 and 384 of them: within 8% of each one's best),
+    the head dims padded to a power of two (at least 16, what tl.dot needs); float32 steps by 32 keys (its tiles
+    take twice the registers). Few query rows shrink the row block."""
     bm, bn = 64, (64 if dtype in HALF else 32)
     if m_max is not None:
         bm = min(bm, max(16, next_pow2(m_max)))
@@ -500,20 +521,29 @@ class TritonWriter:
         self.prog = prog
         self.bounds = symbol_bounds(prog)
 
-    def kernel(self, k: Kernel, kernel_id: int) -> Launch:
+    def kernels(self, k: Kernel, first_id: int) -> list[Launch]:
+        """The launches of kernel ``k``, numbered from ``first_id`` (a GEMM may have a small-M variant): each
+        variant whose body is the first one's is an alias of it in the source, with a cubin of its own."""
+        if k.kind != "gemm":
+            return [self._launch(k, first_id, k.name, lambda: self._attention(k) if k.kind == "attention"
+                                 else self._loops(k))]
+        launches = []
+        for n, (suffix, when, cfg) in enumerate(self._gemm_variants(k)):
+            launch = self._launch(k, first_id + n, k.name + suffix, lambda: self._gemm(k, cfg, when))
+            if launches and launch.source.replace(f"def {launch.name}(", f"def {k.name}(") == launches[0].source:
+                launch.source = f"{launch.name} = {launches[0].name}  # the same kernel, launched with other tiles\n"
+            launches.append(launch)
+        return launches
+
+    def _launch(self, k: Kernel, launch_id: int, name: str, generate) -> Launch:
         touched = {b for s in k.stages for b in s.node.inputs() | {s.node.out.name}}
         self.bits = index_bits(self.prog, touched)
         self.sym_type = "i32" if self.bits == 32 else "i64"
         self.names = itertools.count()
         self.used: set = set()
         self.checked = False
-        self.kernel_id = kernel_id
-        if k.kind == "gemm":
-            body, grid, constexprs, warps, stages = self._gemm(k)
-        elif k.kind == "attention":
-            body, grid, constexprs, warps, stages = self._attention(k)
-        else:
-            body, grid, constexprs, warps, stages = self._loops(k)
+        self.kernel_id = launch_id
+        body, grid, constexprs, warps, stages = generate()
         buffers = sorted(self.used)
         params = [("buffer", b) for b in buffers] + [("symbol", s.name) for s in self.prog.symbols]
         params += [("error", None)] if self.checked else []
@@ -525,8 +555,9 @@ class TritonWriter:
         signature.update({c: "constexpr" for c in constexprs})
         head = [f"# {line}" for line in str(k).splitlines()]
         args = ", ".join(names + [f"{c}: tl.constexpr" for c in constexprs])
-        src = "\n".join(head + ["@triton.jit", f"def {k.name}({args}):"] + body) + "\n"
-        return Launch(k.name, params, signature, constexprs, grid, warps, stages, src, self.bits)
+        src = "\n".join(["@triton.jit", f"def {name}({args}):"] + body) + "\n"
+        return Launch(name, params, signature, constexprs, grid, warps, stages, "\n".join(head) + "\n" + src,
+                      self.bits)
 
     def _ub(self, e) -> int | None:
         return upper_bound(e, self.bounds)
@@ -703,12 +734,16 @@ class TritonWriter:
         output laid out [batch dims..., m, n] maps directly (no division per element); any other shape goes
         through the row-major position."""
         g, ranges = node.gemm, node.ranges
-        r = len(ranges)
-        if r >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
+        if len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
                 ir.same_size(ir.product(ranges[:-2]), g.batch):
-            return self._decompose("bid", ranges[:-2], "i", ind) + [f"{ind}i{r - 2} = {row}", f"{ind}i{r - 1} = {col}"]
+            return self._matrix_coords(ranges, row, col, ind)
         flat = f"bid * ({tindex(g.m * g.n)}) + {row} * {tindex(g.n)} + {col}"
         return [f"{ind}flat_e = {flat}"] + self._decompose("flat_e", ranges, "i", ind)
+
+    def _matrix_coords(self, shape: tuple, row: str, col: str, ind: str) -> list[str]:
+        """i0, i1, ... of a [batch dims..., rows, cols] position: the batch dims from ``bid``."""
+        r = len(shape)
+        return self._decompose("bid", shape[:-2], "i", ind) + [f"{ind}i{r - 2} = {row}", f"{ind}i{r - 1} = {col}"]
 
     def _epilogue(self, node: ir.Node, acc: str, mask: str, ind: str, lines: list) -> str:
         """The value a GEMM node stores: its epilogue body with Load(out, i...) bound to ``acc`` (ir.Gemm)."""
@@ -741,13 +776,16 @@ class TritonWriter:
         widen_b = "" if native or b_dtype not in HALF else f".to({acc_t})"
         return precision, widen_a, widen_b
 
-    def _gemm(self, k: Kernel):
+    def _gemm_variants(self, k: Kernel) -> list:
+        g = k.stages[0].node.gemm
+        a_dtype = self.prog.buffers[g.a.buffer].dtype
+        native = a_dtype == self.prog.buffers[g.b.buffer].dtype
+        return gemm_variants(a_dtype if native else g.acc_dtype, g.m, self._ub(g.m), self._ub(g.n), self._ub(g.k))
+
+    def _gemm(self, k: Kernel, cfg: GemmConfig, when):
         node = k.stages[0].node
         g = node.gemm
         dtype = node.out.dtype
-        a_dtype = self.prog.buffers[g.a.buffer].dtype
-        native = a_dtype == self.prog.buffers[g.b.buffer].dtype
-        cfg = gemm_config(a_dtype if native else g.acc_dtype, self._ub(g.m), self._ub(g.n), self._ub(g.k))
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
         precision, widen_a, widen_b = self._dot_kind(g)
         cast = ".to(tl.int64)" if self.bits == 64 else ""
@@ -773,10 +811,10 @@ class TritonWriter:
         # a mask that varies along an operand's contiguous dim stops its loads from vectorising: a K (or N) that
         # the block divides needs none
         even_k, even_n = self._divides(cfg.bk, g.k), self._divides(cfg.bn, g.n)
-        head, pre = [], []
+        pre: list[str] = []
         a_ptrs = self._operand_ptr(g.a, "bid", "rm[:, None]", "kk * BK + rk[None, :]", pre, ind + "    ")
         b_ptrs = self._operand_ptr(g.b, "bid", "kk * BK + rk[:, None]", "rn[None, :]", pre, ind + "    ")
-        a_mask = "rm[:, None] < M" + ("" if even_k else " & kmask[None, :]")
+        a_mask = "(rm[:, None] < M)" + ("" if even_k else " & kmask[None, :]")
         b_mask = " & ".join(([] if even_k else ["kmask[:, None]"]) + ([] if even_n else ["(rn[None, :] < N)"]))
         lines += [f"{ind}for kk in range(0, tl.cdiv(K, BK)):"] + pre
         lines += [] if even_k else [f"{ind}    kmask = rk < K - kk * BK"]
@@ -791,8 +829,8 @@ class TritonWriter:
         val = self._epilogue(node, "acc", "mask", ind, lines)
         lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
                      f"{self._stored(val, dtype)}, mask=mask)")
-        grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn), sympy.sympify(g.batch),
-                sympy.Integer(1))
+        grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn) * when,
+                sympy.sympify(g.batch), sympy.Integer(1))
         constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": cfg.group_m}
         return lines, grid, constexprs, cfg.num_warps, cfg.num_stages
 
@@ -844,6 +882,13 @@ class TritonWriter:
         if qk.body is not None:
             lines += self._gemm_coords(qk, "rm[:, None]", "rn[None, :]", body)
         s = self._epilogue(qk, "s", "smask", body, lines)
+        value, s_load = attention_scores(k)  # what the softmax applied to the scores (a mask fused there)
+        if value != s_load:
+            lines += self._matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", body)
+            em = Emitter(self, {}, body, "smask")
+            em.memo[s_load] = s
+            s = em.tensor(value)
+            lines += em.lines
         v_ptrs = self._operand_ptr(g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
         lines += [
             f"{body}s = tl.where(rn[None, :] < N, {s}, float('-inf'))",
@@ -877,6 +922,8 @@ class TritonModule:
 
 def generate(prog: ir.Program, kernels: list[Kernel]) -> TritonModule:
     writer = TritonWriter(prog)
-    launches = [writer.kernel(k, i) for i, k in enumerate(kernels)]
+    launches: list[Launch] = []
+    for k in kernels:
+        launches += writer.kernels(k, len(launches))
     source = "\n\n".join([PRELUDE] + [l.source for l in launches])
     return TritonModule(source, launches, max([l.index_bits for l in launches], default=32))

@@ -12,6 +12,8 @@ Generic passes, in order (after merging duplicate nodes and folding copies into 
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -205,6 +207,25 @@ def _operand_index(op: ir.GemmOperand, buf: ir.Buffer, batched: bool, extents: l
     return tuple(index)
 
 
+@functools.lru_cache(maxsize=1)
+def _sizevars():
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return SizeVarAllocator(ShapeEnv())
+
+
+def simplify_in_ranges(e, ranges: dict) -> sympy.Expr:
+    """``e`` simplified knowing each variable v of ``ranges`` lies in [0, ranges[v]): a view of a view's
+    div/mod chains collapse (``(d + 32*n) // 32 % seq`` is ``n`` when d < 32 and n < seq), which saves integer
+    divisions in every GPU load of the operand. Inductor's range simplifier does the algebra."""
+    e = sympy.sympify(e)
+    if not e.has(FloorDiv, ModularIndexing):
+        return e
+    used = {v: r for v, r in ranges.items() if v in e.free_symbols}
+    return sympy.expand(_sizevars().simplify_with_ranges(e, used)) if used else e
+
+
 def _copied(p: ir.Node, acc: str) -> ir.Load | None:
     """The load a node only copies: ``p.body`` is a Load of p's dtype, or the exact widening of a 16-bit float
     to the GEMM's float32 accumulation (a GEMM reading the 16-bit values does the same arithmetic)."""
@@ -236,7 +257,9 @@ def fold_copies_into_operands(prog: ir.Program) -> None:
             at = _operand_index(op, p.out, batched, list(shape))
             src = prog.buffers[load.buffer]
             moved = {ir.ivar(k): e for k, e in enumerate(at)}
-            index = tuple(ir.simplify_index(sympy.sympify(e).xreplace(moved)) for e in load.index)
+            ranges = {ir.ivar(0): g.gemm.batch, ir.ivar(1): rows, ir.ivar(2): cols}
+            index = tuple(simplify_in_ranges(ir.simplify_index(sympy.sympify(e).xreplace(moved)), ranges)
+                          for e in load.index)
             setattr(g.gemm, side, gemm_operand(src, index, shape, batched))
     eliminate_unread(prog)
 

@@ -43,6 +43,8 @@ class State:
     cpp: str = ""
     libraries: dict = field(default_factory=dict)
     triton: object = None                             # codegen_triton.TritonModule
+    cuda_kernels: list = field(default_factory=list)  # the GPU's kernel list (attention fused: fuse_attention.py)
+    cuda_memory: object = None                        # its memory plan (no scores or probabilities)
     cubins: dict = field(default_factory=dict)        # arch -> [build_cuda.Cubin] in launch order
     build_cubins: bool = True                         # False: Triton source only (runs in the interpreter)
     timings: dict = field(default_factory=dict)
@@ -130,7 +132,11 @@ def stage_build(st: State) -> str:
 
 
 def stage_codegen_triton(st: State) -> str:
-    st.triton = codegen_triton.generate(st.program, st.kernels)
+    from .fuse_attention import fuse_attention
+
+    st.cuda_kernels = fuse_attention(st.program, st.kernels)
+    st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
+    st.triton = codegen_triton.generate(st.program, st.cuda_kernels)
     return st.triton.source
 
 

@@ -95,6 +95,7 @@ class CudaPlan:
     triton: str           # the Triton version that generated the cubins
     index_bits: int
     launches: tuple
+    workspace_bytes: Any = None  # expression: the launches' arena (1.3; before: the top-level workspace_bytes)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def _bundle_json(k: KernelBundle) -> dict:
 
 
 def _cuda_json(c: CudaPlan) -> dict:
-    return {"triton": c.triton, "index_bits": c.index_bits,
+    return {"triton": c.triton, "index_bits": c.index_bits, "workspace_bytes": c.workspace_bytes,
             "launches": [{"name": l.name, "params": [dict(p) for p in l.params], "grid": list(l.grid),
                           "block": dict(l.block), "num_warps": l.num_warps, "num_stages": l.num_stages,
                           "index_bits": l.index_bits}
@@ -266,16 +267,16 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
             abi=_need(k, "abi", int, where), entry=_need(k, "entry", str, where),
             libraries=tuple(_need(k, "libraries", list, where)), blas=tuple(_need(k, "blas", list, where)),
             cubins=tuple(_parse_cubin(c, f"{where}.cubins[{j}]") for j, c in enumerate(k.get("cubins", [])))))
-    cuda = _parse_cuda(d["cuda"], names, len(inputs), len(weights), len(outputs)) if "cuda" in d else None
+    plan = dict(_need(d, "plan", dict, "manifest"))
+    workspace = plan.pop("workspace_bytes", 0)
+    ex.validate(workspace, names, "manifest: plan.workspace_bytes")
+    cuda = _parse_cuda(d["cuda"], names, len(inputs), len(weights), len(outputs), workspace) if "cuda" in d else None
     for i, k in enumerate(kernels):
         if k.target.startswith("cuda:"):
             if cuda is None or [c.kernel for c in k.cubins] != [l.name for l in cuda.launches]:
                 raise FormatError(f"manifest: kernels[{i}] ({k.target}) should have one cubin per cuda.launches "
                                   "entry, in the same order")
 
-    plan = dict(_need(d, "plan", dict, "manifest"))
-    workspace = plan.pop("workspace_bytes", 0)
-    ex.validate(workspace, names, "manifest: plan.workspace_bytes")
 
     members = _need(d, "members", dict, "manifest")
     for path, info in members.items():
@@ -315,7 +316,7 @@ def _parse_cubin(c: Any, where: str) -> Cubin:
                  num_warps=_need(c, "num_warps", int, where))
 
 
-def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: int) -> CudaPlan:
+def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: int, workspace) -> CudaPlan:
     if not isinstance(c, dict):
         raise FormatError("manifest: cuda should be an object")
     launches = []
@@ -355,5 +356,7 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
                                block=dict(_need(l, "block", dict, where)),
                                num_warps=_need(l, "num_warps", int, where),
                                num_stages=_need(l, "num_stages", int, where), index_bits=bits))
+    arena = c.get("workspace_bytes", workspace)  # its own plan since 1.3 (attention fused on the GPU only)
+    ex.validate(arena, symbols, "manifest: cuda.workspace_bytes")
     return CudaPlan(triton=_need(c, "triton", str, "cuda"), index_bits=_need(c, "index_bits", int, "cuda"),
-                    launches=tuple(launches))
+                    launches=tuple(launches), workspace_bytes=arena)

@@ -314,7 +314,7 @@ class CudaModel:
                 self.device.launch(k.function, grid, k.threads, k.shared, stream, block.address)
 
     def _run_direct(self, metas, out_ptrs, env, stream) -> None:
-        need = ex.evaluate(self.manifest.workspace_bytes, env)
+        need = ex.evaluate(self.manifest.cuda.workspace_bytes, env)
         inputs = []
         in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16 or m.host)
         ptr, size = self._workspace
@@ -361,7 +361,7 @@ class CudaModel:
     def _capture(self, metas, env) -> _Graph:
         out_bytes = [int(np.prod([ex.evaluate(d, env) for d in shape], dtype=np.int64)) * numpy_dtype(dt).itemsize
                      for shape, dt in self._out_specs]
-        work = ex.evaluate(self.manifest.workspace_bytes, env)
+        work = ex.evaluate(self.manifest.cuda.workspace_bytes, env)
         sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(n) for n in out_bytes] + [_aligned(work)]
         memory = self.device.alloc(sum(sizes))
         ptrs, at = [], memory

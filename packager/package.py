@@ -147,7 +147,7 @@ def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
         for kind, value in launch.params:
             param = {"kind": kind, "value": value if kind != "error" else 0}
             if kind == "buffer":
-                kind, index = where.get(value) or ("temp", to_expr(st.memory.offsets[value]))
+                kind, index = where.get(value) or ("temp", to_expr(st.cuda_memory.offsets[value]))
                 param = {"kind": kind, "value": index}
                 if kind == "temp":
                     param["dtype"] = prog.buffers[value].dtype
@@ -164,7 +164,8 @@ def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
         bundles.append(KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(),
                                     file=TRITON_SOURCE, abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",),
                                     blas=(), cubins=tuple(files)))
-    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches)), bundles
+    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches),
+                    to_expr(st.cuda_memory.workspace_bytes)), bundles
 
 
 def _guards(guards) -> tuple:
