@@ -1,0 +1,151 @@
+"""The GPU backend's own kernel list: attention fused into one flash-attention kernel (exporter/fuse_attention.py),
+and GEMMs with a small-M launch variant. Checked without a GPU: the manifest's launches, and the kernels run in
+Triton's interpreter against eager PyTorch at lengths around the key block (64)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from tcexport.exporter.pipeline import export  # noqa: E402
+from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.loader.archive import open_archive  # noqa: E402
+from packages import WORK  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SEQ = {2: "seq"}
+
+
+class Causal(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Masked(torch.nn.Module):
+    """A float mask added to the scores; keys of other lengths than queries."""
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class HandWritten(torch.nn.Module):
+    """softmax(q k^T / sqrt(d) masked) v written out, with a bool padding mask and head dim 24 (padded to 32)."""
+
+    def forward(self, q, k, v, keep):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        scores = scores.masked_fill(keep[:, None, None, :].logical_not(), float("-inf"))
+        return scores.softmax(-1) @ v
+
+
+def _export(module, inputs, dynamic, name):
+    pkg = export(module, inputs, dynamic, "cuda:sm_90", name=name, build_cubins=False)
+    path = WORK / f"attention-{name}.tcpkg"
+    pkg.save(path)
+    return path
+
+
+def _launch_names(path) -> list[str]:
+    return [launch.name for launch in open_archive(path).manifest.cuda.launches]
+
+
+def _check(path, module, cases, rtol=1e-5, atol=1e-5):
+    got = run_interpreted(path, [[t.numpy() for t in case] for case in cases])
+    for case, outs in zip(cases, got):
+        with torch.no_grad():
+            want = module(*case)
+        np.testing.assert_allclose(np.asarray(outs[0], dtype=np.float64), want.double().numpy(), rtol=rtol,
+                                   atol=atol, err_msg=str([tuple(t.shape) for t in case]))
+
+
+def _qkv(b, h, lq, d, lk=None, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    lk = lq if lk is None else lk
+    return [torch.randn(s, generator=g).to(dtype) for s in ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d))]
+
+
+def test_causal_sdpa_is_one_kernel_and_matches_eager():
+    path = _export(Causal(), _qkv(1, 2, 8, 16), {"q": SEQ, "k": SEQ, "v": SEQ}, "causal")
+    names = _launch_names(path)
+    assert [n for n in names if n.endswith("_attention")] and not [n for n in names if "reduce_max" in n], names
+    m = open_archive(path).manifest
+    env = {"seq": 100}
+    from tcexport.formats import expr as ex
+    # the scores and probabilities are never written: the GPU arena is smaller than the CPU plan's
+    assert ex.evaluate(m.cuda.workspace_bytes, env) < ex.evaluate(m.workspace_bytes, env)
+    _check(path, Causal(), [_qkv(1, 2, n, 16, seed=n) for n in (1, 3, 64, 65, 130)])
+
+
+def test_masked_sdpa_with_other_key_length_matches_eager():
+    kv = {2: "keys"}
+    q, k, v = _qkv(2, 2, 4, 32, lk=6)
+    mask = torch.randn(2, 1, 4, 6)
+    path = _export(Masked(), (q, k, v, mask), {"q": SEQ, "k": kv, "v": kv, "mask": {2: "seq", 3: "keys"}}, "masked")
+    assert any(n.endswith("_attention") for n in _launch_names(path))
+    cases = []
+    for lq, lk in ((1, 1), (5, 70), (67, 3)):
+        q, k, v = _qkv(2, 2, lq, 32, lk=lk, seed=lq)
+        cases.append([q, k, v, torch.randn(2, 1, lq, lk)])
+    _check(path, Masked(), cases)
+
+
+def test_hand_written_attention_with_padding_mask_matches_eager():
+    q, k, v = _qkv(2, 3, 5, 24)
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    path = _export(HandWritten(), (q, k, v, keep), {"q": SEQ, "k": SEQ, "v": SEQ, "keep": {1: "seq"}}, "hand")
+    assert any(n.endswith("_attention") for n in _launch_names(path))
+    cases = []
+    for n in (2, 66):
+        q, k, v = _qkv(2, 3, n, 24, seed=n)
+        keep = torch.rand(2, n, generator=torch.Generator().manual_seed(n)) > 0.3
+        keep[:, 0] = True  # every row keeps a key (an all-masked row is NaN in both)
+        cases.append([q, k, v, keep])
+    _check(path, HandWritten(), cases)
+
+
+def test_bfloat16_attention_matches_eager_within_bf16():
+    qkv = _qkv(1, 2, 8, 64, dtype=torch.bfloat16)
+    path = _export(Causal(), qkv, {"q": SEQ, "k": SEQ, "v": SEQ}, "causal_bf16")
+    assert any(n.endswith("_attention") for n in _launch_names(path))
+    got = run_interpreted(path, [[t.view(torch.uint16).numpy() for t in _qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)]])
+    out = torch.from_numpy(np.asarray(got[0][0]).view(np.uint16).astype(np.int32)).to(torch.int16).view(torch.bfloat16)
+    want = Causal()(*[t.double() for t in _qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)])
+    np.testing.assert_allclose(out.double().numpy(), want.numpy(), rtol=2e-2, atol=2e-2)
+
+
+class Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(128, 256)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def test_gemm_small_m_variant_and_large_one_each_run_alone():
+    torch.manual_seed(0)
+    model = Linear().to(torch.bfloat16)
+    x = torch.randn(4, 128).to(torch.bfloat16)
+    pkg = export(model, (x,), {"x": {0: ("rows", 1, 4096)}}, "cuda:sm_90", name="variants", build_cubins=False)
+    path = WORK / "attention-variants.tcpkg"
+    pkg.save(path)
+    launches = open_archive(path).manifest.cuda.launches
+    gemms = [launch for launch in launches if "gemm" in launch.name]
+    assert [g.name.endswith("_m256") for g in gemms] == [False, True]
+    assert gemms[0].block != gemms[1].block
+    from tcexport.formats import expr as ex
+    for rows in (1, 256, 257, 600):  # exactly one variant has a grid without a 0
+        assert sum(min(ex.evaluate(g, {"rows": rows}) for g in launch.grid) > 0 for launch in gemms) == 1
+    cases = [torch.randn(rows, 128).to(torch.bfloat16) for rows in (3, 300)]
+    got = run_interpreted(path, [[c.view(torch.uint16).numpy()] for c in cases])
+    for c, outs in zip(cases, got):
+        out = torch.from_numpy(np.asarray(outs[0]).view(np.uint16).astype(np.int32)).to(torch.int16)
+        with torch.no_grad():
+            want = model.double()(c.double())
+            model.to(torch.bfloat16)
+        np.testing.assert_allclose(out.view(torch.bfloat16).double().numpy(), want.numpy(), rtol=2e-2, atol=2e-2)
