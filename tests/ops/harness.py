@@ -36,8 +36,13 @@ REF_FACTOR = 4.0
 REFERENCED = ("float32", "float16", "bfloat16")  # dtypes whose cases also get a float64 reference
 WORK = Path(tempfile.mkdtemp(prefix="tcexport-opinfo-"))
 # "cpu" (default): packages built for and run on the CPU. "triton-interpreter": the same samples through the GPU
-# backend (Triton source, no cubins), run in Triton's CPU interpreter: TCEXPORT_OPS_BACKEND=triton-interpreter
+# backend (Triton source, no cubins), run in Triton's CPU interpreter: TCEXPORT_OPS_BACKEND=triton-interpreter.
+# "cuda": packages with cubins for this machine's GPU (cuda:sm_XY from torch), loaded with device="cuda" and called
+# with torch CUDA tensors. TCEXPORT_OPS_CUDA_ARCH=sm_90 names the arch instead; without a GPU the packages are then
+# only built (outcome "built"), which finds Triton compile failures on a CPU-only machine.
 BACKEND = os.environ.get("TCEXPORT_OPS_BACKEND", "cpu")
+BACKENDS = ("cpu", "triton-interpreter", "cuda")
+BUILT: list = []  # build-only cuda batches: (package path, cases, input tensors), for gpu_table.py --save
 os.environ.setdefault("TCEXPORT_CACHE", str(WORK / "cache"))
 
 
@@ -233,19 +238,32 @@ def run_batch(cases: list[Case], tag: str) -> None:
 
     if not cases:
         return
+    if BACKEND not in BACKENDS:
+        raise ValueError(f"TCEXPORT_OPS_BACKEND={BACKEND!r}; expected one of {', '.join(BACKENDS)}")
     module = Batch(cases)
-    triton = BACKEND == "triton-interpreter"
+    triton, cuda = BACKEND == "triton-interpreter", BACKEND == "cuda"
+    target = "cuda:sm_90" if triton else f"cuda:{cuda_arch()}" if cuda else "cpu"
     try:
-        pkg = export(module, tuple(module.inputs), None, "cuda:sm_90" if triton else "cpu", name=f"opinfo_{tag}",
-                     build_cubins=not triton)
-        path = WORK / f"{'triton_' if triton else ''}{tag}.tcpkg"  # never replace a package another run mapped
+        pkg = export(module, tuple(module.inputs), None, target, name=f"opinfo_{tag}", build_cubins=not triton)
+        path = WORK / f"{'' if BACKEND == 'cpu' else BACKEND + '_'}{tag}.tcpkg"  # never replace a mapped package
         pkg.save(path)
-        model = _interpreted(path) if triton else L.load(path)
+        if cuda and not torch.cuda.is_available():  # build-only (TCEXPORT_OPS_CUDA_ARCH on a CPU-only machine)
+            for c in cases:
+                c.outcome = "built"
+            BUILT.append((path, cases, list(module.inputs)))
+            return
+        model = _interpreted(path) if triton else L.load(path, device="cuda") if cuda else L.load(path)
     except Exception as e:
         return _split_or_record(cases, tag, "export", e)
     try:
-        got = model(*[_loader_array(t) for t in module.inputs])
+        if cuda:
+            got = _run_cuda(model, module.inputs)
+        else:
+            got = model(*[_loader_array(t) for t in module.inputs])
     except Exception as e:
+        if cuda and not _cuda_alive():
+            raise CudaContextLost(f"batch {tag} ({', '.join(sorted({c.op for c in cases}))}) left the CUDA context "
+                                  f"unusable, so no later batch can run: {type(e).__name__}: {_first_lines(str(e))}") from e
         return _split_or_record(cases, tag, "run", e)
     got = list(got) if isinstance(got, tuple) else [got]
     pos = 0
@@ -253,6 +271,38 @@ def run_batch(cases: list[Case], tag: str) -> None:
         n = len(c.expected)
         c.outcome = compare(c, got[pos:pos + n])
         pos += n
+
+
+def cuda_arch() -> str:
+    """The arch the cuda backend builds for: TCEXPORT_OPS_CUDA_ARCH, else this machine's GPU."""
+    arch = os.environ.get("TCEXPORT_OPS_CUDA_ARCH")
+    if arch:
+        return arch
+    if not torch.cuda.is_available():
+        raise RuntimeError("TCEXPORT_OPS_BACKEND=cuda needs a CUDA GPU (or TCEXPORT_OPS_CUDA_ARCH=sm_XX to build only)")
+    return "sm_%d%d" % torch.cuda.get_device_capability()
+
+
+class CudaContextLost(RuntimeError):
+    """A kernel broke the CUDA context (an illegal address, a trap): every later call fails, so the table stops."""
+
+
+def _cuda_alive() -> bool:
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add(1).item() == 2
+    except Exception:  # noqa: BLE001 - any error here means the context is gone
+        return False
+
+
+def _run_cuda(model, inputs: list) -> list:
+    """Inputs as torch CUDA tensors (bfloat16 included: the loader reads their memory); outputs (torch CUDA
+    tensors) back as the numpy arrays compare() takes. A sticky CUDA error (an illegal address) would poison
+    every later batch, so the call is synchronised here and such an error raised for this batch."""
+    got = model(*[t.cuda() for t in inputs])
+    torch.cuda.synchronize()
+    got = list(got) if isinstance(got, tuple) else [got]
+    return [_loader_array(g.cpu()) if isinstance(g, torch.Tensor) else np.asarray(g) for g in got]
 
 
 def _interpreted(path):
@@ -337,17 +387,18 @@ def _close(got, want, ref, dtype: str) -> str | None:
            f"got {got[where]!r}, eager {want[where]!r}"
 
 
-def run_all(cases: list[Case], group_size: int = 60) -> None:
-    """Every case through the pipeline: known gaps batched per (op, dtype), the rest in large batches."""
+def run_all(cases: list[Case], group_size: int = 60, isolate=frozenset()) -> None:
+    """Every case through the pipeline: known gaps (expected_failures.py, and the (op, dtype, index) keys in
+    ``isolate``) batched per (op, dtype), the rest in large batches."""
     with native_isa_only():
-        _run_all(cases, group_size)
+        _run_all(cases, group_size, isolate)
 
 
-def _run_all(cases: list[Case], group_size: int) -> None:
+def _run_all(cases: list[Case], group_size: int, isolate=frozenset()) -> None:
     known = {}
     rest: dict[str, list] = {}
     for c in cases:
-        if c.xfail is not None:
+        if c.xfail is not None or (c.op, c.dtype, c.index) in isolate:
             known.setdefault((c.op, c.dtype), []).append(c)
         else:
             rest.setdefault(c.dtype, []).append(c)
