@@ -258,7 +258,9 @@ class Tcpkg:
             return Built(float("nan"), path.stat().st_size, path)
         m = bm.build()
         path = ctx.workdir / name
-        target = "cpu" if ctx.device == "cpu" else "cuda:sm_90"
+        # this GPU's arch when there is one; sm_90 when building on a CPU-only machine for a later GPU run
+        target = "cpu" if ctx.device == "cpu" else \
+            "cuda:sm_%d%d" % (torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0))
         t0 = time.perf_counter()
         pkg = export(m.to(ctx.dtype), bm.inputs(2), dynamic_shapes=bm.dynamic_shapes, targets=(target,),
                      cache_dir=ctx.workdir / f"cache-{bm.name}-{os.getpid()}-{time.time_ns()}")

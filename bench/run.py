@@ -2,6 +2,7 @@
 
     python -m bench.run --suite cpu-quick            # a few minutes on 2 cores
     python -m bench.run --suite gpu                  # on a CUDA machine
+    python -m bench.run --suite gpu-gpt2-bf16 --cold-runs 1   # GPT-2 small bf16 only (about 5 minutes)
 
 Writes bench/results/<machine>-<date>-<suite>.json, a markdown table beside it, and PNG plots (see bench/README.md).
 A backend that fails records its error and the run goes on.
@@ -41,6 +42,8 @@ SUITES = {
                                        ("mlp", torch.float32, [1, 8, 64]),
                                        ("decoder", torch.float32, [1, 8]),
                                        ("gpt2-tiny", torch.float32, [1, 8])]},
+    # issue 5's speed target alone, in a few minutes: GPT-2 small bf16, every backend
+    "gpu-gpt2-bf16": {"device": "cuda", "runs": [("gpt2-small", torch.bfloat16, [1, 8])]},
 }
 
 

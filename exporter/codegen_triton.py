@@ -115,7 +115,8 @@ FLOAT_OPS = {"floordiv": "tl.floor({a} / {b})", "remainder": "_fpymod({a}, {b})"
 BOOL_OPS = {"maximum": "({a} | {b})", "minimum": "({a} & {b})", "mul": "({a} & {b})", "add": "({a} | {b})"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
 # an integer zero shaped like each mask: added to a fixed offset, it makes the pointer a block like the mask
-BLOCK_ZERO = {"xmask": " + 0 * xindex", "xmask & rmask": " + 0 * (xindex + rindex)", "mask": " + 0 * flat"}
+BLOCK_ZERO = {"xmask": " + 0 * xindex", "xmask & rmask": " + 0 * (xindex + rindex)",
+              "mask": " + 0 * mask.to(tl.int32)", "smask": " + 0 * smask.to(tl.int32)"}  # GEMM / attention tiles
 LOGICAL = {"logical_and", "logical_or", "logical_xor", "logical_not", "isnan"}
 PROMOTION = ("bool", "uint8", "int8", "int16", "int32", "int64", "bfloat16", "float16", "float32", "float64")
 
@@ -847,8 +848,10 @@ class TritonWriter:
         q_dtype = self.prog.buffers[g1.a.buffer].dtype
         v_dtype = self.prog.buffers[g2.b.buffer].dtype
         precision1, widen_q, widen_k = self._dot_kind(g1)
-        # probabilities meet 16-bit values in 16 bits, as flash attention (and eager's fused kernel) does
-        p_cast, precision2 = (f".to({TL_TYPE[v_dtype]})", "") if v_dtype in HALF else ("", ', input_precision="ieee"')
+        # the probabilities stay float32 against 16-bit values, in tf32 (like the unfused P @ V: see _dot_kind):
+        # rounding them to 16 bits, as flash attention does, cost 2% on a bf16 op-table sample
+        v_widen, precision2 = (".to(tl.float32)", ', input_precision="tf32"') if v_dtype in HALF else \
+            ("", ', input_precision="ieee"')
         cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind, body = "    ", "        "
@@ -898,7 +901,7 @@ class TritonWriter:
             f"{body}p = tl.exp(s - m_use[:, None])",
             f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
             f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
-            f"{body}acc = acc * alpha[:, None] + tl.dot(p{p_cast}, v{precision2})",
+            f"{body}acc = acc * alpha[:, None] + tl.dot(p, v{v_widen}{precision2})",
             f"{body}m_i = m_new",
             f"{ind}acc = acc / l_i[:, None]",
             f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
