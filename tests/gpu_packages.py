@@ -28,6 +28,7 @@ def build(name: str, folder: Path, targets: str) -> Path:
     out = Path(folder) / f"{name}.tcpkg"
     if out.is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
     path = MODELS[name][0]
     spec = load_model_file(path)
     export(spec.module, spec.example_inputs, spec.dynamic_shapes, targets, name=name,
