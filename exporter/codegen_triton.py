@@ -452,15 +452,19 @@ SMALL_M = 256  # rows up to which a GEMM takes its small-M variant (batch 1-2 of
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
-    to 50257; K 768, 3072), in CUDA graphs. 16-bit floats: with many rows, 64x128x64 tiles (4 warps, 3 stages)
-    up to 16K columns and 128x256x64 with 8 warps for a vocabulary-sized N; with at most SMALL_M rows
-    (``small_m``), 64x64x128 tiles, which give such a GEMM twice the programs (GPT-2's MLP up-projection at 128
-    rows: 5.6 us against 8.7) and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
+    to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats: 64x64x128 tiles (4 warps, 3 stages)
+    up to 1024 columns; with many rows, 64x128x64 up to 16K columns and 128x256x64 with 8 warps for a
+    vocabulary-sized N; with at most SMALL_M rows (``small_m``), 64x64x128 up to 16K columns, which gives such a
+    GEMM twice the programs (GPT-2's MLP up-projection at 128 rows: 5.6 us against 8.7), and 128x128x64 for a
+    vocabulary. (64x128x64 won the isolated sweep for the 768-column down-projection at 1024 rows, 14.1 us
+    against 15.2, but took 20.5 us inside the model, where its operands are not already in L2.) float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
     K needs."""
     if dtype in HALF:
-        if n_max is not None and n_max <= 16384:
-            bm, bn, bk, warps, stages = (64, 64, 128, 4, 3) if small_m else (64, 128, 64, 4, 3)
+        if n_max is not None and (n_max <= 1024 or small_m and n_max <= 16384):
+            bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
+        elif n_max is not None and n_max <= 16384:
+            bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
         else:
             bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if small_m else (128, 256, 64, 8, 3)
     elif dtype == "float32":
