@@ -15,10 +15,10 @@ import math
 
 import sympy
 import torch
-from torch.utils._sympy.functions import FloorDiv
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
-from . import ir
-from .lower import Lowering, TensorRef, register, torch_dtype_name
+from . import ir, lower_ops
+from .lower import TensorRef, register, torch_dtype_name
 from .lower_ops import _cast, _idx, _shape
 from .lower_reduce import reduction
 
@@ -88,6 +88,8 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
     lead = len(x.shape) - nsp - 1  # 1 with a batch dim, 0 without
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
     stride, padding, dilation = _ints(stride, nsp), _ints(padding, nsp), _ints(dilation, nsp)
+    if groups == 1 and ir.compute_dtype(out) in ("float32", "float64"):
+        return _convolution_gemm(low, val, x, w, bias, (stride, padding, dilation), lead)
     co = ir.ivar(lead)
     cg = w.shape[1]
     ci = ir.rvar(0) if groups == 1 else FloorDiv(co, w.shape[0] // groups) * cg + ir.rvar(0)
@@ -102,6 +104,55 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
         return acc
     body = ir.Op(out, "add", (acc.load(_idx(len(shape))), _cast(bias.load([co]), out)))
     return low.pointwise(shape, out, body)
+
+
+def _split(e, sizes: list) -> list:
+    """Row-major position ``e`` in a block of ``sizes`` as one index per dim (div/mod that flat_index folds back)."""
+    out = []
+    for d, size in enumerate(sizes):
+        inner = ir.product(sizes[d + 1:])
+        q = e if inner == 1 else FloorDiv(e, inner)
+        out.append(q if d == 0 else ModularIndexing(e, inner, size))
+    return out
+
+
+def _convolution_gemm(low, val, x, w, bias, geo, lead: int):
+    """im2col + GEMM: cols[n, (ci, k...), o...] is x at each output's window (0 in the padding), then
+    out[n] = W [Cout, Cin*K] @ cols[n] [Cin*K, O] + bias, the bias (and the rounding of 16-bit outputs) in the
+    GEMM's epilogue. The product runs on the backends' GEMMs (BLAS or the AVX-512 kernel on the CPU, the Triton
+    template on the GPU) instead of a scalar reduction per output; cols costs K times the input's memory."""
+    stride, padding, dilation = geo
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    nsp = len(w.shape) - 2
+    cout, cin, kernel = w.shape[0], w.shape[1], list(w.shape[2:])
+    o_sizes = list(shape[lead + 1:])
+    kp, op = ir.product(kernel), ir.product(o_sizes)
+    n = list(shape[:lead])
+    k_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
+    o_vars = [ir.ivar(lead + 1 + nsp + d) for d in range(nsp)]
+    last = _last(o_vars, o_sizes, k_vars, kernel)
+    patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead)], _positions(o_vars, k_vars, stride, padding,
+                                                                               dilation), 0, out, last)
+    cols = low.pointwise(tuple(n + [cin] + kernel + o_sizes), out, patch)
+    row, col = ir.ivar(1), ir.ivar(2)  # the operands' (batch, row, col) = (i0, i1, i2)
+    a = _view(w, tuple(n + [cout, cin * kp]), [row] + _split(col, [cin] + kernel), lead)
+    b = _view(cols, tuple(n + [cin * kp, op]), ([ir.ivar(0)] if lead else []) + _split(row, [cin] + kernel)
+              + _split(col, o_sizes), lead)
+    prod = lower_ops._gemm(low, val, a, b, batched=bool(lead))
+    acc = prod.dtype
+    body = prod.load(_idx(len(shape)))
+    if bias is not None:
+        body = ir.Op(acc, "add", (body, _cast(bias.load([ir.ivar(lead)]), acc)))
+    return prod if bias is None and acc == out else low.pointwise(shape, out, _cast(body, out))
+
+
+def _view(ref: TensorRef, shape: tuple, index: list, lead: int) -> TensorRef:
+    """``ref`` seen as a GEMM operand of ``shape``; ``index`` is over the operand's (batch, row, col) variables
+    (i0, i1, i2), shifted down to (i0, i1) for an unbatched GEMM as TensorRef views are."""
+    if not lead:
+        index = [sympy.sympify(e).xreplace({ir.ivar(1): ir.ivar(0), ir.ivar(2): ir.ivar(1)}) for e in index]
+    mapping = {ir.ivar(k): e for k, e in enumerate(index)}
+    return TensorRef(ref.buffer, shape, tuple(sympy.sympify(e).xreplace(mapping) for e in ref.index))
 
 
 @register(aten.max_pool2d_with_indices)

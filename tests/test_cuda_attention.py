@@ -121,7 +121,7 @@ def test_bfloat16_attention_matches_eager_within_bf16():
 class Linear(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.fc = torch.nn.Linear(128, 256)
+        self.fc = torch.nn.Linear(128, 1536)  # over 1024 columns: small-M and large tiles differ
 
     def forward(self, x):
         return torch.relu(self.fc(x))
