@@ -53,7 +53,7 @@ OPS = {
     "maximum": "tc_max<{T}>({a}, {b})", "minimum": "tc_min<{T}>({a}, {b})", "pow": "std::pow({a}, {b})",
     "fmod": "std::fmod({a}, {b})", "atan2": "std::atan2({a}, {b})",
     "logical_and": "({a} && {b})", "logical_or": "({a} || {b})", "logical_xor": "({a} != {b})",
-    "bitand": "({a} & {b})", "bitor": "({a} | {b})", "bitxor": "({a} ^ {b})",
+    "bitand": "({a} & {b})", "bitor": "({a} | {b})", "bitxor": "({a} ^ {b})", "bitnot": "(~{a})",
     "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
     "gt": "({a} > {b})", "ge": "({a} >= {b})", "where": "({a} ? {b} : {c})", "cast": "static_cast<{T}>({a})",
 }

@@ -101,7 +101,7 @@ OPS = {
     "maximum": "_max_nan({a}, {b})", "minimum": "_min_nan({a}, {b})", "pow": "libdevice.pow({a}, {b})",
     "fmod": "libdevice.fmod({a}, {b})", "atan2": "libdevice.atan2({a}, {b})",
     "logical_and": "(({a} != 0) & ({b} != 0))", "logical_or": "(({a} != 0) | ({b} != 0))",
-    "logical_xor": "(({a} != 0) ^ ({b} != 0))", "bitand": "({a} & {b})", "bitor": "({a} | {b})",
+    "logical_xor": "(({a} != 0) ^ ({b} != 0))", "bitand": "({a} & {b})", "bitor": "({a} | {b})", "bitnot": "(~{a})",
     "bitxor": "({a} ^ {b})", "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})",
     "le": "({a} <= {b})", "gt": "({a} > {b})", "ge": "({a} >= {b})",
 }

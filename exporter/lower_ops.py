@@ -106,6 +106,14 @@ def _unary_rule(name):
 for _name, _ops in UNARY.items():
     register(*_ops)(_unary_rule(_name))
 
+
+@register(aten.bitwise_not)
+def _bitwise_not(low, node, val, x):
+    """``~x``: logical not on bool (``~mask``), two's-complement not on integers."""
+    if torch_dtype_name(val.dtype) == "bool":
+        return _pointwise(low, val, "logical_not", x, compute="bool")
+    return _pointwise(low, val, "bitnot", x)
+
 BINARY = {
     "add": [aten.add, prims.add], "sub": [aten.sub, prims.sub], "mul": [aten.mul, prims.mul],
     "maximum": [aten.maximum, prims.maximum], "minimum": [aten.minimum, prims.minimum],

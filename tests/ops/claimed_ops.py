@@ -29,6 +29,7 @@ CLAIMED: dict[str, tuple] = {
     "clamp": FLOAT_INT_H, "clamp_min": FLOAT_INT_H, "clamp_max": FLOAT_INT_H, "masked_fill": FLOAT_INT_BOOL_H,
     "lerp": FLOAT_H, "addcmul": FLOAT_H, "eq": FLOAT_INT_BOOL_H, "ne": FLOAT_INT_BOOL_H, "lt": FLOAT_INT_H,
     "le": FLOAT_INT_H, "gt": FLOAT_INT_H, "ge": FLOAT_INT_H, "logical_not": FLOAT_INT_BOOL_H,
+    "bitwise_not": ("int64", "bool"),
     "logical_and": FLOAT_INT_BOOL_H, "isnan": FLOAT_H,
     "nn.functional.relu": FLOAT_INT_H, "nn.functional.gelu": FLOAT_H, "nn.functional.silu": FLOAT_H,
     "nn.functional.hardtanh": FLOAT_H, "nn.functional.leaky_relu": FLOAT_H, "nn.functional.elu": FLOAT_H,
