@@ -5,6 +5,7 @@ Triton's interpreter against eager PyTorch at lengths around the key block (64).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -149,3 +150,23 @@ def test_gemm_small_m_variant_and_large_one_each_run_alone():
             want = model.double()(c.double())
             model.to(torch.bfloat16)
         np.testing.assert_allclose(out.view(torch.bfloat16).double().numpy(), want.numpy(), rtol=2e-2, atol=2e-2)
+
+
+def test_heads_of_a_fused_projection_are_read_in_place_without_divisions():
+    """GPT-2's attention reads q, k and v as views of one projection; the K^T view simplifies, knowing each
+    coordinate's range, to plain strides: the attention kernel's key load divides only the program's (batch,
+    head) index, never per element (fuse.simplify_in_ranges)."""
+    from bench.models import get
+
+    bm = get("gpt2-tiny")
+    pkg = export(bm.build().to(torch.bfloat16), bm.inputs(2), bm.dynamic_shapes, "cuda:sm_90", name="gpt2_tiny",
+                 build_cubins=False)
+    path = WORK / "attention-gpt2-tiny.tcpkg"
+    pkg.save(path)
+    source = open_archive(path).read("src/cuda/model_triton.py").decode()
+    kernel = source[source.index("_attention("):]
+    lines = [line.strip() for line in kernel.splitlines()]
+    key_load = next(line for line in lines if line.startswith("kt = tl.load("))
+    batch = {line.split(" = ")[0] for line in lines if line.endswith(" = bid")}  # the program's (batch, head)
+    divided = [left.lstrip("(") for left in re.findall(r"(\S+) // ", key_load)]
+    assert divided and set(divided) <= batch, key_load  # only the per-program head index is split
