@@ -8,7 +8,7 @@ forms, and hand-written ``softmax(q @ k.T * scale + mask) @ v`` alike:
     B: loops  mx = max_n S;  sm = sum_n exp(S - mx);  P = exp(S - mx) / sm
     C: gemm   O = P @ V, then any pointwise epilogue (the rounding cast)
 
-S and P must have no other reader, and the head dims must be static (they size the tiles). The CPU backend
+S and P must be temporaries with no other reader, and the head dims must be static (they size the tiles). The CPU backend
 keeps the three kernels: its GEMMs are faster than a per-row loop there, and it has no shared memory to win.
 """
 
@@ -57,7 +57,7 @@ def _match(prog, a: Kernel, consumers: dict, where: dict) -> tuple[Kernel, Kerne
     if b is None or b.kind != "loops" or len(b.stages) != 3 or not {id(n) for n in readers} <= {id(n) for n in b.nodes}:
         return None
     p = _softmax(b, s)
-    if p is None:
+    if p is None or p.kind != "temp":  # probabilities someone keeps (a training forward's saved activation)
         return None
     pv_readers = consumers.get(p.name, [])
     if len(pv_readers) != 1 or pv_readers[0].kind != "gemm":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy
 import torch
@@ -231,9 +231,16 @@ class Lowering:
 
 
 def _rename_loads(nodes, old: str, new: str) -> None:
+    """Every read of buffer ``old`` now reads ``new``: in node bodies and in GEMM operands (an output that a
+    later GEMM also reads: attention probabilities returned, a training forward's saved activations)."""
     for n in nodes:
         if n.body is not None:
             n.body = ir.rename_buffer(n.body, old, new)
+        if n.gemm is not None:
+            for side in ("a", "b"):
+                op = getattr(n.gemm, side)
+                if op.buffer == old:
+                    setattr(n.gemm, side, replace(op, buffer=new))
 
 
 def _c_name(prefix: str, name: str) -> str:

@@ -170,3 +170,21 @@ def test_heads_of_a_fused_projection_are_read_in_place_without_divisions():
     batch = {line.split(" = ")[0] for line in lines if line.endswith(" = bid")}  # the program's (batch, head)
     divided = [left.lstrip("(") for left in re.findall(r"(\S+) // ", key_load)]
     assert divided and set(divided) <= batch, key_load  # only the per-program head index is split
+
+
+class ReturnsWeights(torch.nn.Module):
+    """Attention that also returns its probabilities (output_attentions): they must be written, so no fusion."""
+
+    def forward(self, q, k, v):
+        p = (q @ k.transpose(-2, -1) * 0.25).softmax(-1)
+        return p @ v, p
+
+
+def test_probabilities_returned_as_an_output_are_not_fused_away():
+    qkv = _qkv(1, 2, 8, 16)
+    path = _export(ReturnsWeights(), qkv, {"q": SEQ, "k": SEQ, "v": SEQ}, "returns_weights")
+    assert not any(n.endswith("_attention") for n in _launch_names(path))
+    case = _qkv(1, 2, 9, 16, seed=3)
+    got = run_interpreted(path, [[t.numpy() for t in case]])[0]
+    for g, w in zip(got, ReturnsWeights()(*case)):
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-5)
