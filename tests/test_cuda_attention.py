@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
-from packages import WORK  # noqa: E402
+from packages import MODELS, WORK  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -156,11 +156,11 @@ def test_heads_of_a_fused_projection_are_read_in_place_without_divisions():
     """GPT-2's attention reads q, k and v as views of one projection; the K^T view simplifies, knowing each
     coordinate's range, to plain strides: the attention kernel's key load divides only the program's (batch,
     head) index, never per element (fuse.simplify_in_ranges)."""
-    from bench.models import get
+    from tcexport.exporter.model_file import load_model_file
 
-    bm = get("gpt2-tiny")
-    pkg = export(bm.build().to(torch.bfloat16), bm.inputs(2), bm.dynamic_shapes, "cuda:sm_90", name="gpt2_tiny",
-                 build_cubins=False)
+    spec = load_model_file(str(MODELS / "hf_gpt2.py"))
+    pkg = export(spec.module.to(torch.bfloat16), spec.example_inputs, spec.dynamic_shapes, "cuda:sm_90",
+                 name="gpt2_tiny", build_cubins=False)
     path = WORK / "attention-gpt2-tiny.tcpkg"
     pkg.save(path)
     source = open_archive(path).read("src/cuda/model_triton.py").decode()
