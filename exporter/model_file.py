@@ -26,6 +26,11 @@ class ModelSpec:
     input_names: list[str]
     dynamic_shapes: dict | None  # input name -> {dim: "sym" | ("sym", min, max)}
 
+    def __post_init__(self):
+        # a view (``base[:2]``) makes torch.export add symbols for its storage; only shapes and values matter here
+        self.example_inputs = tuple(x.contiguous().clone() if isinstance(x, torch.Tensor) and x._base is not None
+                                    else x for x in self.example_inputs)
+
 
 def _import_file(path: Path):
     if not path.is_file():

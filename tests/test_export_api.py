@@ -35,6 +35,20 @@ def test_python_api_round_trip(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("view", ["rows", "columns", "transposed"])
+def test_an_example_input_may_be_a_view(tmp_path, view):
+    """A slice or transpose of a bigger tensor as the example (torch.export would add symbols for its storage)."""
+    torch.manual_seed(0)
+    m = Tiny()
+    base = torch.randn(16, 16)
+    example = {"rows": base[:3, :8], "columns": base[:, 8:], "transposed": base[:8, :5].t()}[view]
+    pkg = export(m, (example,), dynamic_shapes={"x": {0: ("n", 1, 100)}})
+    loaded = L.load(pkg.save(tmp_path / "view.tcpkg"))
+    x = np.random.default_rng(0).standard_normal((7, 8), dtype=np.float32)
+    np.testing.assert_allclose(loaded(x), m(torch.from_numpy(x)).detach().numpy(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
 def test_static_export_has_no_symbols(tmp_path):
     pkg = export(Tiny(), (torch.randn(3, 8),))
     loaded = L.load(pkg.save(tmp_path / "static.tcpkg"))
