@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing
-
 from . import ir
 from .fuse import Kernel, qvar
+from .index_text import IndexText
 from .plan import MemoryPlan
 
 # the C type a value of each dtype is computed in; 16-bit floats compute in float32 (see ir.HALF_DTYPES)
@@ -98,45 +97,27 @@ def reduce_step(op: str, dtype: str, acc: str) -> tuple[str, list[str], list[str
 # index expressions
 
 
-def cindex(e) -> str:
-    """A sympy integer expression over symbols and loop variables, as int64 C arithmetic."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        v = int(e)
+class CIndex(IndexText):
+    """Index text in C++: int64 arithmetic, floor division and modulo through the prelude's helpers (C truncates),
+    literals past 32 bits marked long long; loop variables keep their names, symbols get an ``s_`` prefix."""
+
+    def integer(self, v: int) -> str:
         return f"{v}LL" if abs(v) > 2**31 - 1 else str(v)
-    if e.is_Symbol:
-        return _cname(e)
-    if isinstance(e, sympy.Add):
-        terms = sorted(e.args, key=sympy.default_sort_key)
-        return "(" + " + ".join(cindex(t) for t in terms) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(cindex(t) for t in e.args) + ")"
-    if isinstance(e, FloorDiv):
-        return f"tc_floordiv({cindex(e.args[0])}, {cindex(e.args[1])})"
-    if isinstance(e, ModularIndexing):
-        x, div, mod = e.args
-        return f"tc_pymod(tc_floordiv({cindex(x)}, {cindex(div)}), {cindex(mod)})"
-    if isinstance(e, sympy.Mod):
-        return f"tc_pymod({cindex(e.args[0])}, {cindex(e.args[1])})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "std::max" if isinstance(e, sympy.Max) else "std::min"
-        out = cindex(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}<int64_t>({out}, {cindex(a)})"
-        return out
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([cindex(e.base)] * int(e.exp)) + ")"
-    if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
-        num, den = e.args[0].as_numer_denom()
-        return f"tc_floordiv({cindex(num)}, {cindex(den)})"
-    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+
+    def symbol(self, name: str) -> str:
+        return name if name[0] in "ioqrt" and name[1:].isdigit() else f"s_{name}"
+
+    def floordiv(self, a: str, b: str, nonneg: bool) -> str:
+        return f"tc_floordiv({a}, {b})"
+
+    def mod(self, a: str, b: str, nonneg: bool) -> str:
+        return f"tc_pymod({a}, {b})"
+
+    def extreme(self, which: str, a: str, b: str) -> str:
+        return f"std::{which}<int64_t>({a}, {b})"
 
 
-def _cname(sym: sympy.Symbol) -> str:
-    name = sym.name
-    if name[0] in "ioqrt" and name[1:].isdigit():
-        return name
-    return f"s_{name}"
+cindex = CIndex()
 
 
 def loaded(dtype: str, element: str) -> str:

@@ -17,11 +17,12 @@ import math
 from dataclasses import dataclass, field
 
 import sympy
-from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+from torch.utils._sympy.functions import FloorDiv
 
 from . import ir
 from .fuse import Kernel
 from .fuse_attention import scores as attention_scores
+from .index_text import IndexText
 from .codegen_cpp import _split_loops, _flat_position, ARG_REDUCTIONS
 
 TL_TYPE = {"float64": "tl.float64", "float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
@@ -200,44 +201,24 @@ def index_bits(prog: ir.Program, buffers=None) -> int:
 # index and value expressions
 
 
-def _nonneg(e) -> bool:
-    return bool(sympy.sympify(e).is_nonnegative)
+class TritonIndex(IndexText):
+    """Index text in Triton: Python's // and % where both sides are non-negative (they agree with C's there and
+    compile to cheaper code), the floor helpers of the prelude elsewhere; loop variables keep their names."""
 
-
-def tindex(e) -> str:
-    """A sympy integer expression over symbols and index variables, as Triton integer arithmetic."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        name = e.name
+    def symbol(self, name: str) -> str:
         return name if name[0] in "ioqrxt" and name[1:].isdigit() else f"s_{name}"
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(tindex(t) for t in sorted(e.args, key=sympy.default_sort_key)) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(tindex(t) for t in e.args) + ")"
-    if isinstance(e, FloorDiv):
-        a, b = e.args
-        return f"({tindex(a)} // {tindex(b)})" if _nonneg(a) and _nonneg(b) else f"_floordiv({tindex(a)}, {tindex(b)})"
-    if isinstance(e, ModularIndexing):
-        x, div, mod = e.args
-        q = f"({tindex(x)} // {tindex(div)})" if _nonneg(x) else f"_floordiv({tindex(x)}, {tindex(div)})"
-        return f"({q} % {tindex(mod)})" if _nonneg(x) else f"_pymod({q}, {tindex(mod)})"
-    if isinstance(e, sympy.Mod):
-        a, b = e.args
-        return f"({tindex(a)} % {tindex(b)})" if _nonneg(a) else f"_pymod({tindex(a)}, {tindex(b)})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "tl.maximum" if isinstance(e, sympy.Max) else "tl.minimum"
-        out = tindex(e.args[0])
-        for a in e.args[1:]:
-            out = f"{fn}({out}, {tindex(a)})"
-        return out
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([tindex(e.base)] * int(e.exp)) + ")"
-    if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
-        num, den = e.args[0].as_numer_denom()
-        return f"_floordiv({tindex(num)}, {tindex(den)})"
-    raise NotImplementedError(f"index expression {e} ({type(e).__name__})")
+
+    def floordiv(self, a: str, b: str, nonneg: bool) -> str:
+        return f"({a} // {b})" if nonneg else f"_floordiv({a}, {b})"
+
+    def mod(self, a: str, b: str, nonneg: bool) -> str:
+        return f"({a} % {b})" if nonneg else f"_pymod({a}, {b})"
+
+    def extreme(self, which: str, a: str, b: str) -> str:
+        return f"tl.{which}imum({a}, {b})"
+
+
+tindex = TritonIndex()
 
 
 def tconst(value, dtype: str) -> str:
