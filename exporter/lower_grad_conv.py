@@ -55,6 +55,18 @@ def _tap(num, stride: int, size, last: dict) -> tuple:
     return o, conds
 
 
+def _taps(h_vars, k_vars, geo, o_sizes, last: dict) -> tuple[list, list]:
+    """For each spatial dim, the output position whose window puts tap k on input position h (see _tap), and
+    the conditions under which there is one."""
+    stride, padding, dilation = geo
+    taps, conds = [], []
+    for d, (h, k) in enumerate(zip(h_vars, k_vars)):
+        o, cond = _tap(h + padding[d] - k * dilation[d], stride[d], o_sizes[d], last)
+        taps.append(o)
+        conds += cond
+    return taps, conds
+
+
 def _masked(cond, value: ir.Value, dtype: str) -> ir.Value:
     return value if cond is None else ir.Op(dtype, "where", (cond, value, ir.Const(dtype, 0)))
 
@@ -99,7 +111,6 @@ def _operand(ref: TensorRef, batch_stride, row_stride, col_stride) -> ir.GemmOpe
 
 def _conv_grad_input_gemm(low, val, grad_out, w, geo, groups):
     """Per batch element, patches' gradient dcols[(ci, k), o] = W^T [Cin*K, Cout] @ gout [Cout, O]; then col2im."""
-    stride, padding, dilation = geo
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
@@ -112,11 +123,7 @@ def _conv_grad_input_gemm(low, val, grad_out, w, geo, groups):
     h_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     k_vars = [ir.rvar(d) for d in range(nsp)]
     last = _last(h_vars, shape[lead + 1:], k_vars, kernel)
-    taps, conds = [], []
-    for d in range(nsp):
-        o, cond = _tap(h_vars[d] + padding[d] - k_vars[d] * dilation[d], stride[d], o_sizes[d], last)
-        taps.append(o)
-        conds += cond
+    taps, conds = _taps(h_vars, k_vars, geo, o_sizes, last)
     k_flat, o_flat = _flat(k_vars, kernel), _flat(taps, o_sizes)
     v = dcols.load([ir.ivar(0) if lead else 0, ir.ivar(lead) * kp + k_flat, o_flat])
     total = reduction(low, shape, acc, "sum", kernel, _masked(_and(conds), v, acc))
@@ -160,7 +167,6 @@ def _flat(vars_, sizes) -> sympy.Expr:
 
 def _conv_grad_input(low, val, grad_out, w, geo, groups):
     """gx[n, c, h...] = sum over (co of c's group, k...) of gout[n, co, (h + p - k*d) / s] * w[co, c % Cg, k...]."""
-    stride, padding, dilation = geo
     shape, out = _shape(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
@@ -172,11 +178,7 @@ def _conv_grad_input(low, val, grad_out, w, geo, groups):
     h_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     k_vars = [ir.rvar(1 + d) for d in range(nsp)]
     last = _last(h_vars, shape[lead + 1:], k_vars, w.shape[2:])
-    taps, conds = [], []
-    for d in range(nsp):
-        o, cond = _tap(h_vars[d] + padding[d] - k_vars[d] * dilation[d], stride[d], grad_out.shape[lead + 1 + d], last)
-        taps.append(o)
-        conds += cond
+    taps, conds = _taps(h_vars, k_vars, geo, list(grad_out.shape[lead + 1:]), last)
     g = _cast(grad_out.load([ir.ivar(0)] * lead + [co] + taps), acc)
     body = ir.Op(acc, "mul", (g, _cast(w.load([co, ci] + k_vars), acc)))
     total = reduction(low, shape, acc, "sum", [cog] + list(w.shape[2:]), _masked(_and(conds), body, acc))
