@@ -4,6 +4,9 @@ into the PyTorch module, and the array kinds, guards and typed errors of trainin
 is no GPU (CI); tests/test_cuda_training.py checks the same kernels in Triton's interpreter there.
 
     python -m pytest tests/test_cuda_gpu_training.py -x -q
+
+``TCEXPORT_PREBUILT=DIR`` takes the packages from DIR, built on any machine (no GPU needed) by
+``python tests/training_packages.py DIR cuda:sm_90``: building them on the GPU machine takes most of a short slot.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +27,16 @@ def training_package(name: str, *grad_inputs: str, targets: str = "cpu", build_c
     from tcexport.exporter.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
+    tag = targets.replace(":", "_").replace(",", "_") + ("" if build_cubins else "-source")
+    file_name = f"{name}-backward-{'-'.join(grad_inputs) or 'params'}-{tag}.tcpkg"
+    prebuilt = Path(os.environ.get("TCEXPORT_PREBUILT", "/nonexistent")) / file_name
+    if prebuilt.is_file():  # built on another machine (see __main__ below)
+        return prebuilt
     path = str(MODEL_FILES[name])
     spec = load_model_file(path)
     pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, targets, name=name, source_path=path,
                  backward=True, grad_inputs=grad_inputs, build_cubins=build_cubins)
-    tag = targets.replace(":", "_").replace(",", "_") + ("" if build_cubins else "-source")
-    out = WORK / f"{name}-backward-{'-'.join(grad_inputs) or 'params'}-{tag}.tcpkg"
+    out = WORK / file_name
     pkg.save(out)
     return out
 
@@ -68,3 +75,16 @@ def assert_gradients_close(got: dict, want: dict) -> None:
     for name, ref in want.items():
         scale = max(1.0, float(np.abs(ref).max()))
         np.testing.assert_allclose(got[name], ref, rtol=1e-3, atol=2e-6 * scale, err_msg=name)
+
+
+# what tests/test_cuda_gpu_training.py loads: ``python tests/training_packages.py DIR cuda:sm_90`` builds them on any
+# machine (no GPU needed), for a GPU run with TCEXPORT_PREBUILT=DIR
+GPU_TRAINING = [("mlp", "x"), ("cnn",), ("decoder",), ("classifier",)]
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, *grad_inputs in GPU_TRAINING:
+        built = training_package(name, *grad_inputs, targets=sys.argv[2] if len(sys.argv) > 2 else "cuda:sm_90")
+        shutil.copy(built, folder / built.name)
+        print(folder / built.name, flush=True)
