@@ -11,16 +11,9 @@ from tcexport.formats import errors as E
 from tcexport.formats.errors import TrainingError
 from tcexport.loader.training import Saved, TrainableModel
 from packages import built, mlp_package
-from training_packages import MODEL_FILES, assert_gradients_close, reference_gradients, training_package
+from training_packages import MODEL_FILES, assert_gradients_close, random_inputs, reference_gradients, training_package
 
 pytestmark = pytest.mark.slow
-
-
-def _inputs(name: str, shape: tuple, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if name == "decoder":
-        return [rng.integers(0, 256, shape, dtype=np.int64)]
-    return [rng.standard_normal(shape, dtype=np.float32)]
 
 
 CASES = [("mlp", (1, 64)), ("mlp", (7, 64)), ("mlp", (1024, 64)),
@@ -32,7 +25,7 @@ CASES = [("mlp", (1, 64)), ("mlp", (7, 64)), ("mlp", (1024, 64)),
 def test_gradients_match_float64_autograd(name, shape):
     grad_inputs = ("x",) if name == "mlp" else ()
     m = L.load(training_package(name, *grad_inputs))
-    inputs = _inputs(name, shape, seed=sum(shape))
+    inputs = random_inputs(name, shape, seed=sum(shape))
     out, saved = m.forward(*inputs, grad=True)
     g = np.random.default_rng(len(shape)).standard_normal(out.shape, dtype=np.float32)
     grads = m.backward(saved, g)
@@ -52,7 +45,7 @@ def test_inference_graph_is_the_inference_only_one(name):
     assert inference.manifest.training is None
     assert training.manifest.plan["kernels"] == inference.manifest.plan["kernels"]
     assert training.manifest.workspace_bytes == inference.manifest.workspace_bytes
-    x = _inputs(name, (3, 64) if name == "mlp" else (3, 9), seed=5)
+    x = random_inputs(name, (3, 64) if name == "mlp" else (3, 9), seed=5)
     np.testing.assert_array_equal(training(*x), inference(*x))
     out, _ = training.forward(*x, grad=True)
     np.testing.assert_allclose(out, inference(*x), rtol=1e-5, atol=1e-6)

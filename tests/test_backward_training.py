@@ -15,40 +15,15 @@ import torch
 import tcexport.loader as L
 from tcexport.formats import errors as E
 from tcexport.formats.errors import TrainingError
-from training_packages import module, training_package
+from training_packages import LR, module, sgd_batches, torch_loss_curve, training_package
 
 pytestmark = pytest.mark.slow
-
-LR, STEPS = 0.5, 20
-
-
-def _batches():
-    """20 mini-batches of varying size (the batch is dynamic) from one fixed data set."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 16), dtype=np.float32)
-    labels = rng.integers(0, 4, 64).astype(np.int64)
-    for step in range(STEPS):
-        start = (step % 4) * 16
-        b = slice(start, start + 16 - step % 3)
-        yield x[b], labels[b]
-
-
-def _torch_curve(m: torch.nn.Module) -> list[float]:
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    losses = []
-    for x, labels in _batches():
-        opt.zero_grad()
-        loss = m(torch.from_numpy(x), torch.from_numpy(labels))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 def _package_curve(m) -> list[float]:
     params = m.parameters()
     losses = []
-    for x, labels in _batches():
+    for x, labels in sgd_batches():
         loss, saved = m.forward(x, labels, grad=True)
         grads = m.backward(saved)  # the output is a scalar loss: its gradient is 1
         for name, p in params.items():
@@ -59,7 +34,7 @@ def _package_curve(m) -> list[float]:
 
 def test_sgd_follows_pytorch_and_weights_load_back(tmp_path):
     eager = module("classifier")
-    want = _torch_curve(eager)
+    want = torch_loss_curve(eager)
     m = L.load(training_package("classifier"))
     got = _package_curve(m)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
@@ -75,7 +50,7 @@ def test_sgd_follows_pytorch_and_weights_load_back(tmp_path):
 
 def test_updates_reach_inference_and_stay_in_this_instance():
     m = L.load(training_package("classifier"))
-    x, labels = next(_batches())
+    x, labels = next(sgd_batches())
     before = float(m(x, labels))
     m.parameters()["fc2.bias"][:] += np.array([5, -5, 5, -5], np.float32)
     after = float(m(x, labels))
@@ -91,10 +66,10 @@ def test_updates_reach_inference_and_stay_in_this_instance():
 
 def test_load_weights_from_dict_and_file(tmp_path):
     eager = module("classifier")
-    _torch_curve(eager)
+    torch_loss_curve(eager)
     m = L.load(training_package("classifier"))
     m.load_weights({k: v for k, v in eager.state_dict().items()})
-    x, labels = next(_batches())
+    x, labels = next(sgd_batches())
     want = eager(torch.from_numpy(x), torch.from_numpy(labels)).item()
     np.testing.assert_allclose(float(m(x, labels)), want, rtol=1e-5)
     path = m.save_weights(tmp_path / "w.safetensors", trainable_only=True)

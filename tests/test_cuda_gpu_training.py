@@ -21,23 +21,16 @@ if not torch.cuda.is_available():
 import tcexport.loader as L  # noqa: E402
 from tcexport.formats import errors as E  # noqa: E402
 from tcexport.loader.cuda_training import CudaSaved, TrainableCudaModel  # noqa: E402
-from training_packages import assert_gradients_close, module, reference_gradients, training_package  # noqa: E402
+from training_packages import (LR, assert_gradients_close, module, random_inputs, reference_gradients,  # noqa: E402
+                               sgd_batches, torch_loss_curve, training_package)
 
 pytestmark = pytest.mark.gpu
 
 TARGET = "cuda:sm_%d%d" % torch.cuda.get_device_capability()
-LR, STEPS = 0.5, 20
 
 
 def package(name: str, *grad_inputs: str):
     return training_package(name, *grad_inputs, targets=TARGET)
-
-
-def _inputs(name: str, shape: tuple, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if name == "decoder":
-        return [rng.integers(0, 256, shape, dtype=np.int64)]
-    return [rng.standard_normal(shape, dtype=np.float32)]
 
 
 CASES = [("mlp", (1, 64)), ("mlp", (7, 64)), ("mlp", (1024, 64)),
@@ -50,7 +43,7 @@ def test_gradients_match_float64_autograd(name, shape):
     grad_inputs = ("x",) if name == "mlp" else ()
     m = L.load(package(name, *grad_inputs), device="cuda")
     assert isinstance(m, TrainableCudaModel)
-    xs = _inputs(name, shape, seed=sum(shape))
+    xs = random_inputs(name, shape, seed=sum(shape))
     out, saved = m.forward(*[torch.from_numpy(x).cuda() for x in xs], grad=True)
     assert out.is_cuda and out.dtype == torch.float32 and isinstance(saved, CudaSaved) and saved.nbytes > 0
     g = np.random.default_rng(len(shape)).standard_normal(tuple(out.shape), dtype=np.float32)
@@ -64,37 +57,14 @@ def test_gradients_match_float64_autograd(name, shape):
                                rtol=2e-4, atol=2e-5)
 
 
-def _batches():
-    """20 mini-batches of varying size (the batch is dynamic) from one fixed data set."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 16), dtype=np.float32)
-    labels = rng.integers(0, 4, 64).astype(np.int64)
-    for step in range(STEPS):
-        start = (step % 4) * 16
-        b = slice(start, start + 16 - step % 3)
-        yield x[b], labels[b]
-
-
-def _torch_curve(m: torch.nn.Module) -> list[float]:
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    losses = []
-    for x, labels in _batches():
-        opt.zero_grad()
-        loss = m(torch.from_numpy(x), torch.from_numpy(labels))
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def test_sgd_follows_pytorch_and_weights_load_back(tmp_path):
     eager = module("classifier")
-    want = _torch_curve(eager)
+    want = torch_loss_curve(eager)
     m = L.load(package("classifier"), device="cuda")
     params = m.parameters()
     assert all(p.is_cuda for p in params.values())
     got = []
-    for x, labels in _batches():
+    for x, labels in sgd_batches():
         loss, saved = m.forward(torch.from_numpy(x).cuda(), torch.from_numpy(labels).cuda(), grad=True)
         grads = m.backward(saved)  # a scalar loss: its gradient is 1
         with torch.no_grad():
@@ -113,7 +83,7 @@ def test_sgd_follows_pytorch_and_weights_load_back(tmp_path):
 
 def test_updates_reach_inference_and_load_weights_replaces_them():
     m = L.load(package("classifier"), device="cuda")
-    x, labels = next(_batches())
+    x, labels = next(sgd_batches())
     xs = (torch.from_numpy(x).cuda(), torch.from_numpy(labels).cuda())
     before = float(m(*xs))  # captures a CUDA graph that reads the weights by address
     m.parameters()["fc2.bias"].add_(torch.tensor([5.0, -5.0, 5.0, -5.0], device="cuda"))

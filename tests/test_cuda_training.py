@@ -19,16 +19,10 @@ from tcexport.exporter.triton_interpret import run_training_interpreted  # noqa:
 from tcexport.formats.errors import FormatError, TcError  # noqa: E402
 from tcexport.formats.manifest import parse_manifest  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
-from training_packages import assert_gradients_close, module, reference_gradients, training_package  # noqa: E402
+from training_packages import (assert_gradients_close, module, random_inputs, reference_gradients,  # noqa: E402
+                               training_package)
 
 pytestmark = pytest.mark.slow
-
-
-def _inputs(name: str, shape: tuple, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if name == "decoder":
-        return [rng.integers(0, 256, shape, dtype=np.int64)]
-    return [rng.standard_normal(shape, dtype=np.float32)]
 
 
 # shapes at both ends of small ranges; the interpreter runs every program of every kernel on the CPU
@@ -41,7 +35,7 @@ def test_training_kernels_match_float64_autograd_in_the_interpreter(name):
     path = training_package(name, *grad_inputs, targets="cuda:sm_90", build_cubins=False)
     cases = []
     for shape in CASES[name]:
-        xs = _inputs(name, shape, seed=sum(shape))
+        xs = random_inputs(name, shape, seed=sum(shape))
         with torch.no_grad():
             out = module(name)(*[torch.from_numpy(x) for x in xs])
         g = np.random.default_rng(len(shape)).standard_normal(tuple(out.shape), dtype=np.float32)

@@ -77,6 +77,42 @@ def assert_gradients_close(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[name], ref, rtol=1e-3, atol=2e-6 * scale, err_msg=name)
 
 
+def random_inputs(name: str, shape: tuple, seed: int) -> list[np.ndarray]:
+    """A model file's input at ``shape``: token ids for the decoder, normal floats otherwise."""
+    rng = np.random.default_rng(seed)
+    if name == "decoder":
+        return [rng.integers(0, 256, shape, dtype=np.int64)]
+    return [rng.standard_normal(shape, dtype=np.float32)]
+
+
+# the short training loop (the classifier model file, whose forward returns its loss), on any backend
+LR, STEPS = 0.5, 20
+
+
+def sgd_batches():
+    """20 mini-batches of varying size (the batch is dynamic) from one fixed data set."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16), dtype=np.float32)
+    labels = rng.integers(0, 4, 64).astype(np.int64)
+    for step in range(STEPS):
+        start = (step % 4) * 16
+        b = slice(start, start + 16 - step % 3)
+        yield x[b], labels[b]
+
+
+def torch_loss_curve(m: torch.nn.Module) -> list[float]:
+    """The losses of PyTorch's SGD over sgd_batches (training ``m`` in place)."""
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
+    losses = []
+    for x, labels in sgd_batches():
+        opt.zero_grad()
+        loss = m(torch.from_numpy(x), torch.from_numpy(labels))
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 # what tests/test_cuda_gpu_training.py loads: ``python tests/training_packages.py DIR cuda:sm_90`` builds them on any
 # machine (no GPU needed), for a GPU run with TCEXPORT_PREBUILT=DIR
 GPU_TRAINING = [("mlp", "x"), ("cnn",), ("decoder",), ("classifier",)]

@@ -394,6 +394,17 @@ def run_all(cases: list[Case], group_size: int = 60, isolate=frozenset()) -> Non
         _run_all(cases, group_size, isolate)
 
 
+def run_through(backend: str, cases: list[Case], group_size: int, isolate=frozenset()) -> list[Case]:
+    """run_all with BACKEND set to ``backend`` for the run (and restored after); returns ``cases``."""
+    global BACKEND
+    previous, BACKEND = BACKEND, backend
+    try:
+        run_all(cases, group_size, isolate)
+    finally:
+        BACKEND = previous
+    return cases
+
+
 def _run_all(cases: list[Case], group_size: int, isolate=frozenset()) -> None:
     known = {}
     rest: dict[str, list] = {}

@@ -22,14 +22,7 @@ KNOWN: dict = {}
 
 @functools.lru_cache(maxsize=None)
 def results() -> list:
-    cases = harness.collect(dtypes=DTYPES)
-    previous = harness.BACKEND
-    harness.BACKEND = "triton-interpreter"
-    try:
-        harness.run_all(cases, group_size=400)
-    finally:
-        harness.BACKEND = previous
-    return cases
+    return harness.run_through("triton-interpreter", harness.collect(dtypes=DTYPES), group_size=400)
 
 
 def test_triton_kernels_match_eager_in_the_interpreter():
