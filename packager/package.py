@@ -135,6 +135,15 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
 
 def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
     """The launch list (shared by every arch) and one bundle of cubins per arch."""
+    bundles = [KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(), file=TRITON_SOURCE,
+                            abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",), blas=(), cubins=files)
+               for arch, files in cubin_members(st, members, "").items()]
+    return cuda_launches(st), bundles
+
+
+def cuda_launches(st) -> CudaPlan:
+    """A graph's launch list in manifest form: each buffer parameter as the input, weight or output it is, or as
+    a temp at its offset in the GPU's own memory plan."""
     from tcexport.exporter.build_cuda import triton_version
 
     prog = st.program
@@ -154,18 +163,21 @@ def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
             params.append(param)
         launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
                                dict(launch.constexprs), launch.num_warps, launch.num_stages, launch.index_bits))
-    bundles = []
+    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches),
+                    to_expr(st.cuda_memory.workspace_bytes))
+
+
+def cubin_members(st, members: dict, folder: str) -> dict[int, tuple]:
+    """Each arch's cubins, in launch order, added to ``members`` as ``kernels/cuda-sm_XX/<folder><kernel>.cubin``."""
+    out = {}
     for arch, cubins in st.cubins.items():
         files = []
         for c in cubins:
-            path = f"kernels/cuda-sm_{arch}/{c.kernel}.cubin"
+            path = f"kernels/cuda-sm_{arch}/{folder}{c.kernel}.cubin"
             members[path] = c.data
             files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps))
-        bundles.append(KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(),
-                                    file=TRITON_SOURCE, abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",),
-                                    blas=(), cubins=tuple(files)))
-    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches),
-                    to_expr(st.cuda_memory.workspace_bytes)), bundles
+        out[arch] = tuple(files)
+    return out
 
 
 def _guards(guards) -> tuple:

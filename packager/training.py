@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tcexport.formats.manifest import Cubin, TensorSpec
+from tcexport.formats.manifest import TensorSpec
 from tcexport.formats.training import GraphCuda, Training, TrainingGraph
 
 from .exprs import to_expr
@@ -49,17 +49,10 @@ def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None
 def _cuda(entry: str, g, members: dict) -> GraphCuda:
     """``g``'s launch list (made as the inference one is, over its own inputs, weights and outputs), with its
     Triton source under ``src/cuda/training/`` and its cubins under ``kernels/cuda-sm_XX/<entry>/``."""
-    from .package import _cuda as launch_plan
+    from .package import cubin_members, cuda_launches
 
-    plan, _ = launch_plan(g, {})  # the inference bundles' member names would clash: the cubins are named here
+    plan = cuda_launches(g)
     source = f"src/cuda/training/{entry}.py"
     members[source] = g.triton.source.encode()
-    cubins = {}
-    for arch, built in g.cubins.items():
-        files = []
-        for c in built:
-            path = f"kernels/cuda-sm_{arch}/{entry}/{c.kernel}.cubin"
-            members[path] = c.data
-            files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps))
-        cubins[f"sm_{arch}"] = tuple(files)
+    cubins = {f"sm_{arch}": files for arch, files in cubin_members(g, members, f"{entry}/").items()}
     return GraphCuda(source, g.triton.index_bits, plan.workspace_bytes, plan.launches, cubins)
