@@ -67,6 +67,11 @@ def _taps(h_vars, k_vars, geo, o_sizes, last: dict) -> tuple[list, list]:
     return taps, conds
 
 
+def _rounded(low, ref: TensorRef, out: str) -> TensorRef:
+    """A gradient accumulated in its compute dtype, as the ``out`` dtype (16-bit floats rounded once, here)."""
+    return ref if ref.dtype == out else low.pointwise(ref.shape, out, _cast(ref.load(_idx(len(ref.shape))), out))
+
+
 def _masked(cond, value: ir.Value, dtype: str) -> ir.Value:
     return value if cond is None else ir.Op(dtype, "where", (cond, value, ir.Const(dtype, 0)))
 
@@ -127,7 +132,7 @@ def _conv_grad_input_gemm(low, val, grad_out, w, geo, groups):
     k_flat, o_flat = _flat(k_vars, kernel), _flat(taps, o_sizes)
     v = dcols.load([ir.ivar(0) if lead else 0, ir.ivar(lead) * kp + k_flat, o_flat])
     total = reduction(low, shape, acc, "sum", kernel, _masked(_and(conds), v, acc))
-    return total if acc == out else low.pointwise(shape, out, _cast(total.load(_idx(len(shape))), out))
+    return _rounded(low, total, out)
 
 
 def _conv_grad_weight_gemm(low, val, grad_out, x, w, geo, groups):
@@ -154,7 +159,7 @@ def _conv_grad_weight_gemm(low, val, grad_out, x, w, geo, groups):
                  1, cout, cin * kp, rows)
     k_flat = _flat([ir.ivar(2 + d) for d in range(nsp)], kernel)
     gw = TensorRef(prod.buffer, tuple(shape), (ir.ivar(0), ir.ivar(1) * kp + k_flat))
-    return gw if acc == out else low.pointwise(shape, out, _cast(gw.load(_idx(len(shape))), out))
+    return _rounded(low, gw, out)
 
 
 def _flat(vars_, sizes) -> sympy.Expr:
@@ -182,7 +187,7 @@ def _conv_grad_input(low, val, grad_out, w, geo, groups):
     g = _cast(grad_out.load([ir.ivar(0)] * lead + [co] + taps), acc)
     body = ir.Op(acc, "mul", (g, _cast(w.load([co, ci] + k_vars), acc)))
     total = reduction(low, shape, acc, "sum", [cog] + list(w.shape[2:]), _masked(_and(conds), body, acc))
-    return total if acc == out else low.pointwise(shape, out, _cast(total.load(_idx(len(shape))), out))
+    return _rounded(low, total, out)
 
 
 def _conv_grad_weight(low, val, grad_out, x, w, geo, groups):
@@ -204,7 +209,7 @@ def _conv_grad_weight(low, val, grad_out, x, w, geo, groups):
     g = _cast(grad_out.load(batch + [co] + o_vars), acc)
     ranges = list(grad_out.shape[:lead]) + o_sizes
     total = reduction(low, shape, acc, "sum", ranges, ir.Op(acc, "mul", (g, xv)))
-    return total if acc == out else low.pointwise(shape, out, _cast(total.load(_idx(len(shape))), out))
+    return _rounded(low, total, out)
 
 
 def _conv_grad_bias(low, val, grad_out, nsp: int):
@@ -221,7 +226,7 @@ def _conv_grad_bias(low, val, grad_out, nsp: int):
             idx.append(ir.rvar(r))
             r += 1
     total = reduction(low, shape, acc, "sum", [grad_out.shape[d] for d in rest], _cast(grad_out.load(idx), acc))
-    return total if acc == out else low.pointwise(shape, out, _cast(total.load(_idx(len(shape))), out))
+    return _rounded(low, total, out)
 
 
 @register(aten.max_pool2d_with_indices_backward)
@@ -255,7 +260,7 @@ def _max_pool2d_backward(low, node, val, grad_out, x, kernel_size, stride, paddi
     if tiled:
         return low.pointwise(shape, out, _cast(body, out))
     total = reduction(low, shape, acc, "sum", kernel, body)
-    return total if acc == out else low.pointwise(shape, out, _cast(total.load(_idx(len(shape))), out))
+    return _rounded(low, total, out)
 
 
 def _window_of(h, stride: int, size, windows) -> tuple:
