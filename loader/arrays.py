@@ -41,14 +41,15 @@ def to_numpy(value, name: str) -> np.ndarray:
         arr = _from_torch(value, name)
     else:
         arr = _from_other(value, name)
-    return _contiguous(arr)
+    return contiguous(arr)
 
 
-def _contiguous(arr: np.ndarray) -> np.ndarray:
+def contiguous(arr: np.ndarray) -> np.ndarray:
+    """C-contiguous and aligned, copied only when needed; 0-d stays 0-d (np.ascontiguousarray makes it 1-d)."""
     flags = arr.flags
     if flags.c_contiguous and flags.aligned:
         return arr
-    return np.array(arr, order="C", copy=True)   # np.ascontiguousarray would turn 0-d into 1-d
+    return np.array(arr, order="C", copy=True)
 
 
 def _from_other(value, name: str) -> np.ndarray:
@@ -102,7 +103,7 @@ def convert_inputs(values, names) -> tuple[list[np.ndarray], bool]:
         else:
             arr = _from_other(v, n)
         flags = arr.flags
-        arrays.append(arr if flags.c_contiguous and flags.aligned else _contiguous(arr))
+        arrays.append(arr if flags.c_contiguous and flags.aligned else contiguous(arr))
     return arrays, as_torch
 
 

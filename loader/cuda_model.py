@@ -27,6 +27,7 @@ from tcexport.formats.errors import DtypeError, RuntimeKernelError, TargetError,
 from tcexport.formats.manifest import KernelBundle, Manifest
 
 from .archive import Archive
+from .arrays import contiguous
 from .dtypes import BFLOAT16, numpy_dtype
 from .guards import GuardPlan
 from .native_cuda import Device, ParamBlock
@@ -103,7 +104,7 @@ class DeviceArray:
 
     def copy_from(self, host: np.ndarray) -> None:
         """Overwrite the contents with a host array of the same shape and dtype (a synchronous copy)."""
-        a = np.ascontiguousarray(host)
+        a = contiguous(host)
         if a.shape != self.shape or a.nbytes != self.nbytes:
             raise DtypeError(f"copy_from: expected shape {list(self.shape)} of {self.dtype}, got {list(a.shape)} of "
                              f"{a.dtype}", expected=list(self.shape), got=list(a.shape), rule="shape")
@@ -130,7 +131,7 @@ def _is_torch(v) -> bool:
 
 def _describe(v, name: str, device: Device) -> _Meta:
     if isinstance(v, np.ndarray):
-        a = v if v.flags.c_contiguous else np.ascontiguousarray(v)
+        a = contiguous(v)
         return _Meta(a.shape, a.dtype, a.ctypes.data, a.nbytes, host=True)
     if _is_torch(v):
         if v.device.type != "cuda" or (v.device.index or 0) != device.ordinal:
@@ -236,7 +237,7 @@ class CudaModel:
             total += _aligned(arrays[w.name].nbytes)
         base = self.device.alloc(total) if total else 0
         for w, off in zip(specs, offsets):
-            a = np.ascontiguousarray(arrays[w.name])
+            a = contiguous(arrays[w.name])
             if a.nbytes:
                 self.device.upload(base + off, a.ctypes.data, a.nbytes)
         return base, [base + off for off in offsets]
@@ -254,7 +255,7 @@ class CudaModel:
         if kwargs:
             raise TcError(f"unknown input name(s) {sorted(kwargs)}; the inputs are {names}")
         self.device.make_current()
-        values = [np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v for v in values]
+        values = [contiguous(v) if isinstance(v, np.ndarray) else v for v in values]
         metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
         env = self._plan.check(metas)
         return values, metas, env, _caller_stream(values, self.device) if stream is None else int(stream)

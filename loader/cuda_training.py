@@ -26,6 +26,7 @@ import numpy as np
 from tcexport.formats import expr as ex
 from tcexport.formats.files import write_atomically
 
+from .arrays import contiguous
 from .cuda_model import CudaModel, DeviceArray, _aligned, _describe, _caller_stream, _is_torch, _pointer, _torch
 from .dtypes import numpy_dtype
 from .training import TrainingCalls, check_gradient
@@ -42,7 +43,7 @@ def _contiguous(value):
             return value.view(torch.int16).numpy().view(numpy_dtype("bfloat16")) \
                 if value.dtype == torch.bfloat16 else value.numpy()
         return value
-    return np.ascontiguousarray(value) if isinstance(value, np.ndarray) else value
+    return contiguous(value) if isinstance(value, np.ndarray) else value
 
 
 class CudaSaved:
@@ -131,7 +132,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
             keep: list = []  # copied gradients, alive until the backward is enqueued
 
             def gradient(g, spec, out_shape: tuple) -> int:
-                v = np.ascontiguousarray(g) if isinstance(g, np.ndarray) else g
+                v = contiguous(g) if isinstance(g, np.ndarray) else g
                 meta = _describe(v, f"grad of {spec.name}", self.device)
                 check_gradient(spec, meta.dtype, meta.shape, out_shape)
                 keep.append(v)

@@ -49,7 +49,13 @@ class Device:
 
     def __init__(self, ordinal: int):
         self.cu = cu = _driver()
-        check(cu.cuInit(0), "cuInit")
+        try:
+            status = cu.cuInit(0)
+        except Exception as e:  # noqa: BLE001 - cuda-bindings raises its loader's own types when libcuda is missing
+            raise CudaError(f"cuda-bindings could not load the NVIDIA driver (libcuda.so.1): {e}. A CUDA package "
+                            "needs an NVIDIA GPU and its driver on this machine; on a machine without one, "
+                            "`tcexport verify` runs the package's kernels in Triton's interpreter") from None
+        check(status, "cuInit")
         count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
         if not 0 <= ordinal < count:
             raise CudaError(f"device cuda:{ordinal} does not exist; this machine has {count} CUDA device(s)")

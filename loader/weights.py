@@ -19,6 +19,7 @@ from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import Manifest
 
 from .archive import Archive
+from .arrays import contiguous
 from .dtypes import dtype_name, numpy_dtype
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -147,7 +148,7 @@ def safetensors_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     codes = {name: code for code, name in SAFETENSORS_DTYPES.items()}
     header, offset, chunks = {}, 0, []
     for name in sorted(arrays):
-        arr = np.ascontiguousarray(arrays[name])
+        arr = contiguous(arrays[name])
         data = arr.tobytes()
         header[name] = {"dtype": codes[dtype_name(arr.dtype)], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(data)]}

@@ -20,6 +20,16 @@ def test_non_contiguous_is_made_contiguous_and_scalars_stay_0d():
     assert to_numpy(np.array(2.0), "t").shape == ()
 
 
+def test_saved_weights_keep_0d_shapes(tmp_path):
+    """save_weights of a scalar parameter (and the GPU loader's unit gradient of a scalar loss) keep shape ()."""
+    from tcexport.loader.weights import read_safetensors, safetensors_bytes
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(safetensors_bytes({"scale": np.array(2.5, np.float32), "w": np.ones((2, 3), np.float32).T}))
+    back = read_safetensors(path)
+    assert back["scale"].shape == () and float(back["scale"]) == 2.5 and back["w"].shape == (3, 2)
+
+
 def test_array_protocol_and_rejection():
     class HasArray:
         def __array__(self, dtype=None, copy=None):
