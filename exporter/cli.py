@@ -1,4 +1,5 @@
-"""`tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify]`.
+"""`tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify]
+[--autotune [--autotune-at SIZES]... | --tuning PKG]`.
 
 Exit codes: 0 success; 2 usage error; 10-15 export errors (see exporter/errors.py: 11 model file, 12 dynamic
 spec, 13 capture, 14 unsupported op, 15 build); 20 `--verify` found a mismatch; other TcError codes as in
@@ -48,6 +49,12 @@ def export(
                                   "(for every target): gradients of every parameter that requires grad"),
     grad_inputs: List[str] = typer.Option([], "--grad-inputs", help="with --backward, inputs whose gradients the "
                                           "backward also returns (repeatable or comma-separated)"),
+    autotune: bool = typer.Option(False, "--autotune", help="measure GEMM and attention tiles inside the model "
+                                  "on this machine's GPU and keep the fastest (recorded in the manifest)"),
+    autotune_at: List[str] = typer.Option([], "--autotune-at", help="with --autotune, dynamic sizes to measure "
+                                          "at, e.g. batch=8 (repeatable; default: the example inputs)"),
+    tuning: Optional[Path] = typer.Option(None, "--tuning", help="build with the tuning recorded in this "
+                                          ".tcpkg (made with --autotune): no GPU needed, same archive"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
     from . import pipeline, verify as verify_mod
@@ -64,7 +71,8 @@ def export(
                               dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
                               source_path=str(model_file),
                               onnx="embed" if onnx_embed else "file" if onnx else None, backward=backward,
-                              grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()])
+                              grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()],
+                              autotune=autotune, autotune_at=autotune_at, tuning=tuning)
         pkg.save(out)
         seconds = time.perf_counter() - t0
         summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),

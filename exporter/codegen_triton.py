@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -22,6 +23,7 @@ from torch.utils._sympy.functions import FloorDiv
 from . import ir
 from .fuse import Kernel
 from .fuse_attention import scores as attention_scores
+from .errors import BuildError
 from .index_text import IndexText
 from .codegen_cpp import _split_loops, _flat_position, ARG_REDUCTIONS
 
@@ -428,6 +430,7 @@ class GemmConfig:
     num_stages: int
 
 
+TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 SMALL_M = 256  # rows up to which a GEMM takes its small-M variant (batch 1-2 of 128 tokens)
 
 
@@ -452,13 +455,14 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3
     else:
         bm, bn, bk, warps, stages = 32, 32, 16, 4, 2
-    if m_max is not None:
-        bm = min(bm, max(16, next_pow2(m_max)))
-    if n_max is not None:
-        bn = min(bn, max(16, next_pow2(n_max)))
-    if k_max is not None:
-        bk = min(bk, max(16, next_pow2(k_max)))
-    return GemmConfig(bm, bn, bk, 8, warps, stages)
+    return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
+
+
+def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
+    """``cfg`` with each tile side cut to what its dim needs (at least 16, tl.dot's minimum)."""
+    fit = [(side, bound) for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max))]
+    bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound))) for side, bound in fit)
+    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages)
 
 
 def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None) -> list:
@@ -502,10 +506,34 @@ def attention_config(dtype: str, d: int, dv: int, m_max: int | None) -> Attentio
 # kernels
 
 
+def tuned_config(name: str, kind: str, chosen: dict, heuristic):
+    """A config recorded by ``--autotune`` (manifest ``cuda.tuning.configs[name]``: the launch's block sizes,
+    ``num_warps`` and ``num_stages``) as the dataclass the template takes. Head dims (attention's BD, BDV) are
+    the model's, not tunable."""
+    fields = ({"BM": "bm", "BN": "bn", "BK": "bk", "GROUP_M": "group_m"} if kind == "gemm"
+              else {"BM": "bm", "BN": "bn", "BD": "bd", "BDV": "bdv"})
+    fields |= {"num_warps": "num_warps", "num_stages": "num_stages"}
+    values = dict(vars(heuristic))
+    for key, value in chosen.items():
+        if key not in fields or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BuildError(f"tuning for kernel {name}: {key}={value!r} is not a {kind} setting (expected "
+                             f"positive integers for {sorted(fields)}); rebuild the tuning with --autotune")
+        values[fields[key]] = value
+    cfg = type(heuristic)(**values)
+    if kind == "attention" and (cfg.bd, cfg.bdv) != (heuristic.bd, heuristic.bdv):
+        raise BuildError(f"tuning for kernel {name}: head blocks BD={cfg.bd}, BDV={cfg.bdv}, but this model's "
+                         f"heads need {heuristic.bd}, {heuristic.bdv}; the tuning is from another model")
+    if min(cfg.bm, cfg.bn) < 16 or kind == "gemm" and cfg.bk < 16:
+        raise BuildError(f"tuning for kernel {name}: tiles {cfg} have a side below 16, which tl.dot cannot take")
+    return cfg
+
+
 class TritonWriter:
-    def __init__(self, prog: ir.Program):
+    def __init__(self, prog: ir.Program, tuned: dict | None = None):
+        """``tuned``: launch name -> config recorded by --autotune, used instead of the heuristics."""
         self.prog = prog
         self.bounds = symbol_bounds(prog)
+        self.tuned = tuned or {}
 
     def kernels(self, k: Kernel, first_id: int) -> list[Launch]:
         """The launches of kernel ``k``, numbered from ``first_id`` (a GEMM may have a small-M variant): each
@@ -515,7 +543,10 @@ class TritonWriter:
                                  else self._loops(k))]
         launches = []
         for n, (suffix, when, cfg) in enumerate(self._gemm_variants(k)):
-            launch = self._launch(k, first_id + n, k.name + suffix, lambda: self._gemm(k, cfg, when))
+            name = k.name + suffix
+            if name in self.tuned:
+                cfg = tuned_config(name, "gemm", self.tuned[name], cfg)
+            launch = self._launch(k, first_id + n, name, lambda: self._gemm(k, cfg, when))
             if launches and launch.source.replace(f"def {launch.name}(", f"def {k.name}(") == launches[0].source:
                 launch.source = f"{launch.name} = {launches[0].name}  # the same kernel, launched with other tiles\n"
             launches.append(launch)
@@ -530,7 +561,10 @@ class TritonWriter:
         self.checked = False
         self.kernel_id = launch_id
         body, grid, constexprs, warps, stages = generate()
-        buffers = sorted(self.used)
+        # in order of first use, so kernels with one code (a transformer's layers) take their buffers in one order
+        text = "\n".join(body)
+        first = {b: m.start() if (m := re.search(rf"\b{re.escape(b)}\b", text)) else len(text) for b in self.used}
+        buffers = sorted(self.used, key=lambda b: (first[b], b))
         params = [("buffer", b) for b in buffers] + [("symbol", s.name) for s in self.prog.symbols]
         params += [("error", None)] if self.checked else []
         names = buffers + [f"s_{s.name}" for s in self.prog.symbols] + (["tc_error"] if self.checked else [])
@@ -838,6 +872,8 @@ class TritonWriter:
         v_widen, precision2 = (".to(tl.float32)", ', input_precision="tf32"') if v_dtype in HALF else \
             ("", ', input_precision="ieee"')
         cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
+        if k.name in self.tuned:
+            cfg = tuned_config(k.name, "attention", self.tuned[k.name], cfg)
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind, body = "    ", "        "
         lines = [
@@ -906,12 +942,34 @@ class TritonModule:
     source: str
     launches: list = field(default_factory=list)
     index_bits: int = 32
+    owners: list = field(default_factory=list)  # per launch: the index of the kernel it comes from
+    tunable: dict = field(default_factory=dict)  # launch name -> "gemm" / "attention" (what --autotune tunes)
 
 
-def generate(prog: ir.Program, kernels: list[Kernel]) -> TritonModule:
-    writer = TritonWriter(prog)
+def standalone(launches: list, launch: Launch) -> str:
+    """``launch``'s source as a def of its own (a variant may be an alias line of another launch's def)."""
+    if launch.source.startswith(f"{launch.name} = "):
+        target = launch.source.split(" = ", 1)[1].split()[0]
+        other = next(l for l in launches if l.name == target)
+        return other.source.replace(f"def {target}(", f"def {launch.name}(")
+    return launch.source
+
+
+def generate(prog: ir.Program, kernels: list[Kernel], tuned: dict | None = None) -> TritonModule:
+    """The Triton module of ``kernels``; ``tuned`` (launch name -> config, from --autotune) overrides the
+    heuristics for the launches it names, and naming a launch the module does not have is an error."""
+    writer = TritonWriter(prog, tuned)
     launches: list[Launch] = []
-    for k in kernels:
-        launches += writer.kernels(k, len(launches))
+    owners, tunable = [], {}
+    for i, k in enumerate(kernels):
+        mine = writer.kernels(k, len(launches))
+        launches += mine
+        owners += [i] * len(mine)
+        tunable |= {l.name: k.kind for l in mine} if k.kind in TUNABLE else {}
+    unknown = sorted(set(tuned or {}) - set(tunable))
+    if unknown:
+        raise BuildError(f"tuning names kernel(s) {unknown[:5]} that this model has no GEMM or attention launch "
+                         f"of (it has {len(tunable)}: {sorted(tunable)[:5]}...); the tuning is from another model "
+                         "or tcexport version: rebuild it with --autotune")
     source = "\n\n".join([PRELUDE] + [l.source for l in launches])
-    return TritonModule(source, launches, max([l.index_bits for l in launches], default=32))
+    return TritonModule(source, launches, max([l.index_bits for l in launches], default=32), owners, tunable)

@@ -55,6 +55,8 @@ class State:
     training: object = None                           # autograd.TrainingGraphs
     train_states: dict = field(default_factory=dict)  # entry name -> the State of that training graph
     lower_fn: Callable | None = None                  # lowering of this graph (None: lower.lower)
+    tuning: dict | None = None                        # manifest cuda.tuning: configs chosen by --autotune
+    autotune_at: list | None = None                   # --autotune: the shapes to measure at (None: no tuning)
 
 
 def stage_capture(st: State) -> str:
@@ -136,8 +138,17 @@ def stage_codegen_triton(st: State) -> str:
 
     st.cuda_kernels = fuse_attention(st.program, st.kernels)
     st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
-    st.triton = codegen_triton.generate(st.program, st.cuda_kernels)
+    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, (st.tuning or {}).get("configs"))
     return st.triton.source
+
+
+def stage_autotune(st: State) -> str:
+    """Measure candidate tiles on this machine's GPU (autotune.py) and regenerate the module with the winners."""
+    from .autotune import autotune
+
+    st.tuning, report = autotune(st, st.autotune_at)
+    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, st.tuning["configs"])
+    return report
 
 
 def stage_build_cuda(st: State) -> str:
@@ -179,6 +190,7 @@ STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] =
     ("codegen", stage_codegen, "model.cpp", _cpu),
     ("build", stage_build, "build.txt", _cpu),
     ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
+    ("autotune", stage_autotune, "autotune.txt", lambda st: _cuda(st) and st.autotune_at is not None),
     ("build_cuda", stage_build_cuda, "build_cuda.txt", lambda st: _cuda(st) and st.build_cubins),
     ("codegen_triton_train", stage_codegen_triton_train, "model_triton_train.py", lambda st: _cuda(st) and st.backward),
     ("build_cuda_train", stage_build_cuda_train, "build_cuda_train.txt",
@@ -242,7 +254,8 @@ def cuda_archs(targets) -> list[int]:
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
-           onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True):
+           onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
+           autotune: bool = False, autotune_at=(), tuning=None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -252,6 +265,9 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
     interpreter (exporter/triton_interpret.py), which is how tests check many kernels quickly.
+    ``autotune=True`` measures GEMM and attention tiles on this machine's GPU (exporter/autotune.py) at the
+    example inputs, or at each of ``autotune_at`` ("batch=8" strings); ``tuning`` (a .tcpkg path, or its
+    manifest's ``cuda.tuning``) builds with a recorded tuning instead of the heuristics, no GPU needed.
     """
     from tcexport.packager.package import package
 
@@ -262,6 +278,14 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
                backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
+    st.tuning = read_tuning(tuning)
+    if autotune_at and not autotune:
+        raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
+    if autotune:
+        from .autotune import parse_at, require_gpu
+
+        require_gpu(st.targets)
+        st.autotune_at = parse_at(autotune_at)
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)
@@ -271,3 +295,15 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     if on_stage is not None:
         on_stage("package", st.timings["package"])
     return pkg
+
+
+def read_tuning(tuning) -> dict | None:
+    """``--tuning``: a package built with --autotune (its manifest's cuda.tuning), or that object itself."""
+    if tuning is None or isinstance(tuning, dict):
+        return tuning
+    from tcexport.loader.archive import open_archive
+
+    cuda = open_archive(tuning).manifest.cuda
+    if cuda is None or cuda.tuning is None:
+        raise ExportError(f"--tuning {tuning}: this package has no cuda.tuning; take one built with --autotune")
+    return cuda.tuning

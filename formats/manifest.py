@@ -15,7 +15,7 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 3)
+FORMAT_VERSION = (1, 4)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
@@ -96,6 +96,7 @@ class CudaPlan:
     index_bits: int
     launches: tuple
     workspace_bytes: Any = None  # expression: the launches' arena (1.3; before: the top-level workspace_bytes)
+    tuning: dict | None = None   # what --autotune measured and chose (1.4; informational: launches hold the result)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ def _cuda_json(c: CudaPlan) -> dict:
             "launches": [{"name": l.name, "params": [dict(p) for p in l.params], "grid": list(l.grid),
                           "block": dict(l.block), "num_warps": l.num_warps, "num_stages": l.num_stages,
                           "index_bits": l.index_bits}
-                         for l in c.launches]}
+                         for l in c.launches],
+            **({"tuning": c.tuning} if c.tuning is not None else {})}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -358,5 +360,25 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
                                num_stages=_need(l, "num_stages", int, where), index_bits=bits))
     arena = c.get("workspace_bytes", workspace)  # its own plan since 1.3 (attention fused on the GPU only)
     ex.validate(arena, symbols, "manifest: cuda.workspace_bytes")
+    tuning = _parse_tuning(c["tuning"], {l.name for l in launches}) if "tuning" in c else None
     return CudaPlan(triton=_need(c, "triton", str, "cuda"), index_bits=_need(c, "index_bits", int, "cuda"),
-                    launches=tuple(launches), workspace_bytes=arena)
+                    launches=tuple(launches), workspace_bytes=arena, tuning=tuning)
+
+
+def _parse_tuning(t: Any, names: set) -> dict:
+    """``cuda.tuning`` (SPEC §6a): ``device``, ``at`` (the symbol values measured at) and ``configs`` (launch
+    name -> its chosen block sizes, num_warps, num_stages), which a rebuild takes back (``--tuning``)."""
+    if not isinstance(t, dict):
+        raise FormatError("manifest: cuda.tuning should be an object")
+    _need(t, "device", str, "cuda.tuning")
+    for i, at in enumerate(_need(t, "at", list, "cuda.tuning")):
+        if not isinstance(at, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in at.values()):
+            raise FormatError(f"manifest: cuda.tuning.at[{i}] should map symbol names to integers, found {at!r:.80}")
+    for name, cfg in _need(t, "configs", dict, "cuda.tuning").items():
+        if name not in names:
+            raise FormatError(f"manifest: cuda.tuning.configs names launch {name!r}, which cuda.launches lacks")
+        if not isinstance(cfg, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                for v in cfg.values()):
+            raise FormatError(f"manifest: cuda.tuning.configs[{name!r}] should map settings to integers, "
+                              f"found {cfg!r:.80}")
+    return t

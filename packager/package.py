@@ -164,7 +164,7 @@ def cuda_launches(st) -> CudaPlan:
         launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
                                dict(launch.constexprs), launch.num_warps, launch.num_stages, launch.index_bits))
     return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches),
-                    to_expr(st.cuda_memory.workspace_bytes))
+                    to_expr(st.cuda_memory.workspace_bytes), st.tuning)
 
 
 def cubin_members(st, members: dict, folder: str) -> dict[int, tuple]:

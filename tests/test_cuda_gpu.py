@@ -76,6 +76,31 @@ def test_graphs_and_direct_launches_agree_across_shapes():
         torch.testing.assert_close(with_graphs(*xs), direct(*xs), rtol=0, atol=0)
 
 
+def test_autotune_records_a_tuning_that_rebuilds_byte_identical(tmp_path):
+    """--autotune on this GPU at two shapes: the choice is in the manifest, the tuned package matches eager, and
+    building again from it (--tuning, which needs no GPU) gives the same bytes."""
+    from tcexport.exporter.pipeline import export
+    from tcexport.loader.archive import open_archive
+
+    path, shapes_list = CASES["decoder"]
+    spec = load_model_file(path)
+    kw = dict(name="decoder", source_path=str(path), cache_dir=WORK / "cache-autotune")
+    tuned = export(spec.module, spec.example_inputs, spec.dynamic_shapes, f"cuda:{ARCH}", autotune=True,
+                   autotune_at=["batch=1,seq=100", "batch=16,seq=128"], dump=tmp_path / "dump", **kw)
+    tuned = tuned.save(tmp_path / "tuned.tcpkg")
+    t = open_archive(tuned).manifest.cuda.tuning
+    assert t["device"] == torch.cuda.get_device_name() and t["configs"]
+    assert t["at"] == [{"batch": 1, "seq": 100}, {"batch": 16, "seq": 128}]
+    assert "tuned:" in (tmp_path / "dump" / "autotune.txt").read_text()
+    again = export(spec.module, spec.example_inputs, spec.dynamic_shapes, f"cuda:{ARCH}", tuning=tuned, **kw)
+    assert again.save(tmp_path / "again.tcpkg").read_bytes() == tuned.read_bytes()
+    model = L.load(tuned, device="cuda")
+    for shapes in shapes_list:
+        _, xs = _inputs(path, shapes, seed=6)
+        torch.testing.assert_close(model(xs[0].cuda()).cpu().double(), _reference(spec, xs)[0],
+                                   rtol=2e-4, atol=2e-4)
+
+
 def test_runs_on_the_callers_stream():
     path, shapes_list = CASES["mlp"]
     model = L.load(package("mlp"), device="cuda")
