@@ -24,6 +24,7 @@ class Context:
     workdir: Path
     dtype: torch.dtype = torch.float32
     packages: Path | None = None  # prebuilt .tcpkg files (e.g. built on a CPU-only machine for a GPU run)
+    autotune_at: tuple = ()       # tcpkg built with --autotune at these sizes ("batch=8"); () builds without it
 
 
 @dataclass
@@ -262,10 +263,14 @@ class Tcpkg:
         target = "cpu" if ctx.device == "cpu" else \
             "cuda:sm_%d%d" % (torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0))
         t0 = time.perf_counter()
+        dump = ctx.workdir / f"dump-{bm.name}-{os.getpid()}"
         pkg = export(m.to(ctx.dtype), bm.inputs(2), dynamic_shapes=bm.dynamic_shapes, targets=(target,),
-                     cache_dir=ctx.workdir / f"cache-{bm.name}-{os.getpid()}-{time.time_ns()}")
+                     cache_dir=ctx.workdir / f"cache-{bm.name}-{os.getpid()}-{time.time_ns()}",
+                     autotune=bool(ctx.autotune_at), autotune_at=ctx.autotune_at, dump=dump if ctx.autotune_at else None)
         pkg.save(path)
-        return Built(time.perf_counter() - t0, path.stat().st_size, path)
+        # the tuning's summary line (the whole report is in the dump's autotune.txt)
+        note = (dump / "autotune.txt").read_text().splitlines()[-1] if ctx.autotune_at else ""
+        return Built(time.perf_counter() - t0, path.stat().st_size, path, extra={"note": note} if note else {})
 
     def load(self, built, bm, ctx):
         import tcexport.loader as L

@@ -3,7 +3,8 @@ events, median of 50) against eager and torch.compile(mode="reduce-overhead"), b
 kind (torch.profiler), and report the arithmetic floor (FLOPs over a measured 8192^3 bf16 matmul) and the
 cold start of a fresh torch-free process. A quicker, narrower run than `python -m bench.run --suite gpu`:
 
-    python -m bench.gpu_gpt2            # DT=float32 for float32, COMPILE=0 to skip torch.compile, PB=1,8 to profile batches 1 and 8
+    python -m bench.gpu_gpt2            # DT=float32 for float32, COMPILE=0 to skip torch.compile, PB=1,8 to profile
+                                        # batches 1 and 8, AUTOTUNE=1 to export with --autotune at batch 1 and 8
 """
 import os, sys, time, json
 import torch
@@ -17,9 +18,12 @@ bm = get("gpt2-small")
 m = bm.build().to(dtype).cuda()
 t0 = time.perf_counter()
 stages = {}
+tune = os.environ.get("AUTOTUNE", "0") == "1"  # --autotune at batch 1 and 8 (the report: /tmp/gpt2dump/autotune.txt)
 pkg = export(bm.build().to(dtype), bm.inputs(2), dynamic_shapes=bm.dynamic_shapes, targets=("cuda:sm_90",),
              cache_dir="/tmp/tccache", on_stage=lambda n, s: stages.__setitem__(n, round(s, 2)),
-             dump="/tmp/gpt2dump")
+             dump="/tmp/gpt2dump", autotune=tune, autotune_at=["batch=1", "batch=8"] if tune else ())
+if tune:
+    print(open("/tmp/gpt2dump/autotune.txt").read(), flush=True)
 pkg.save("/tmp/gpt2.tcpkg")
 print("export", round(time.perf_counter() - t0, 1), "s", stages, os.path.getsize("/tmp/gpt2.tcpkg") >> 20, "MB", flush=True)
 t0 = time.perf_counter()

@@ -48,6 +48,8 @@ def markdown(result: dict) -> str:
                 cells[-2] += f" (error: {row['error']})"
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        notes = [f"- {name}: {row['note']}" for name, row in model["backends"].items() if row.get("note")]
+        lines += notes + ([""] if notes else [])
     return "\n".join(lines)
 
 

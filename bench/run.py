@@ -3,6 +3,7 @@
     python -m bench.run --suite cpu-quick            # a few minutes on 2 cores
     python -m bench.run --suite gpu                  # on a CUDA machine
     python -m bench.run --suite gpu-gpt2-bf16 --cold-runs 1   # GPT-2 small bf16 only (about 5 minutes)
+    python -m bench.run --suite gpu-gpt2-bf16 --autotune      # the same, tcpkg built with --autotune
 
 Writes bench/results/<machine>-<date>-<suite>.json, a markdown table beside it, and PNG plots (see bench/README.md).
 A backend that fails records its error and the run goes on.
@@ -200,12 +201,12 @@ def build_packages(suite: str, models: list[str] | None, out_dir: Path) -> None:
 
 
 def run_suite(suite: str, threads: int, cold_runs: int, only: list[str] | None, out_dir: Path,
-              models: list[str] | None = None, packages: Path | None = None) -> Path:
+              models: list[str] | None = None, packages: Path | None = None, autotune: bool = False) -> Path:
     cfg = SUITES[suite]
     device = cfg["device"]
     torch.set_num_threads(threads)
     result = {"suite": suite, "machine": machine_name(device), "date": datetime.date.today().isoformat(),
-              "device": device, "threads": threads, "cold_runs": cold_runs,
+              "device": device, "threads": threads, "cold_runs": cold_runs, "autotune": autotune,
               "versions": _versions(), "models": {}}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for name, dtype, batches in cfg["runs"]:
@@ -213,7 +214,8 @@ def run_suite(suite: str, threads: int, cold_runs: int, only: list[str] | None, 
                 continue
             bm = get(name)
             key = f"{name}/{str(dtype).split('.')[-1]}"
-            ctx = Context(device, threads, Path(tmp), dtype, packages)
+            ctx = Context(device, threads, Path(tmp), dtype, packages,
+                          tuple(f"batch={b}" for b in batches) if autotune else ())
             print(f"[{key}] reference", file=sys.stderr, flush=True)
             ref = reference(bm, batches)
             rows = {}
@@ -255,13 +257,16 @@ def main(argv=None) -> None:
     p.add_argument("--build-packages", type=Path, metavar="DIR",
                    help="only build the suite's .tcpkg files into DIR (run this on the CPU-only build machine)")
     p.add_argument("--packages", type=Path, metavar="DIR", help="use the .tcpkg files prebuilt in DIR")
+    p.add_argument("--autotune", action="store_true", help="build tcpkg with --autotune at the suite's batches "
+                   "(needs the GPU the suite runs on)")
     args = p.parse_args(argv)
     if args.build_packages:
         build_packages(args.suite, args.models, args.build_packages)
         return
     threads = args.threads or (min(os.cpu_count() or 1, 2) if SUITES[args.suite]["device"] == "cpu"
                                else os.cpu_count() or 1)
-    path = run_suite(args.suite, threads, args.cold_runs, args.only, args.out, args.models, args.packages)
+    path = run_suite(args.suite, threads, args.cold_runs, args.only, args.out, args.models, args.packages,
+                     args.autotune)
     print(path)
 
 
