@@ -525,6 +525,10 @@ def tuned_config(name: str, kind: str, chosen: dict, heuristic):
                          f"heads need {heuristic.bd}, {heuristic.bdv}; the tuning is from another model")
     if min(cfg.bm, cfg.bn) < 16 or kind == "gemm" and cfg.bk < 16:
         raise BuildError(f"tuning for kernel {name}: tiles {cfg} have a side below 16, which tl.dot cannot take")
+    sides = [cfg.bm, cfg.bn, cfg.bk] if kind == "gemm" else [cfg.bm, cfg.bn]
+    if any(s & (s - 1) for s in sides) or cfg.num_warps not in (1, 2, 4, 8, 16):
+        raise BuildError(f"tuning for kernel {name}: tiles {sides} and {cfg.num_warps} warps; Triton needs powers "
+                         "of two for both (warps at most 16): the tuning is damaged, rebuild it with --autotune")
     return cfg
 
 

@@ -279,6 +279,10 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
                backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
     st.tuning = read_tuning(tuning)
+    if st.tuning is not None and not cuda_archs(st.targets):
+        raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
+    if st.tuning is not None and autotune:
+        raise ExportError("--tuning builds with a recorded tuning and --autotune makes a new one; pass one of them")
     if autotune_at and not autotune:
         raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
     if autotune:
@@ -298,9 +302,19 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
 
 
 def read_tuning(tuning) -> dict | None:
-    """``--tuning``: a package built with --autotune (its manifest's cuda.tuning), or that object itself."""
-    if tuning is None or isinstance(tuning, dict):
-        return tuning
+    """``--tuning``: a package built with --autotune (its manifest's cuda.tuning), or that object itself, checked
+    as the manifest checks it (launch names are checked against the module when it is generated)."""
+    if tuning is None:
+        return None
+    if isinstance(tuning, dict):
+        from tcexport.formats.errors import FormatError
+        from tcexport.formats.manifest import check_tuning
+
+        try:
+            return check_tuning(tuning)
+        except FormatError as e:
+            raise ExportError(f"tuning: {e}; pass a package built with --autotune, or its manifest's "
+                              "cuda.tuning") from None
     from tcexport.loader.archive import open_archive
 
     cuda = open_archive(tuning).manifest.cuda

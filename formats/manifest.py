@@ -360,14 +360,15 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
                                num_stages=_need(l, "num_stages", int, where), index_bits=bits))
     arena = c.get("workspace_bytes", workspace)  # its own plan since 1.3 (attention fused on the GPU only)
     ex.validate(arena, symbols, "manifest: cuda.workspace_bytes")
-    tuning = _parse_tuning(c["tuning"], {l.name for l in launches}) if "tuning" in c else None
+    tuning = check_tuning(c["tuning"], {l.name for l in launches}) if "tuning" in c else None
     return CudaPlan(triton=_need(c, "triton", str, "cuda"), index_bits=_need(c, "index_bits", int, "cuda"),
                     launches=tuple(launches), workspace_bytes=arena, tuning=tuning)
 
 
-def _parse_tuning(t: Any, names: set) -> dict:
+def check_tuning(t: Any, names: set | None = None) -> dict:
     """``cuda.tuning`` (SPEC §6a): ``device``, ``at`` (the symbol values measured at) and ``configs`` (launch
-    name -> its chosen block sizes, num_warps, num_stages), which a rebuild takes back (``--tuning``)."""
+    name -> its chosen block sizes, num_warps, num_stages), which a rebuild takes back (``--tuning``); with
+    ``names``, every configured launch must be one of them."""
     if not isinstance(t, dict):
         raise FormatError("manifest: cuda.tuning should be an object")
     _need(t, "device", str, "cuda.tuning")
@@ -375,7 +376,7 @@ def _parse_tuning(t: Any, names: set) -> dict:
         if not isinstance(at, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in at.values()):
             raise FormatError(f"manifest: cuda.tuning.at[{i}] should map symbol names to integers, found {at!r:.80}")
     for name, cfg in _need(t, "configs", dict, "cuda.tuning").items():
-        if name not in names:
+        if names is not None and name not in names:
             raise FormatError(f"manifest: cuda.tuning.configs names launch {name!r}, which cuda.launches lacks")
         if not isinstance(cfg, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                 for v in cfg.values()):

@@ -114,3 +114,20 @@ def test_tcpkg_inspect_and_run(tmp_path):
     np.save(tmp_path / "bad.npy", x[:, :10])
     bad = tcpkg("run", pkg, "--input", f"x={tmp_path / 'bad.npy'}")
     assert bad.returncode == 5 and "dim 1" in bad.stderr
+
+
+def test_tuning_flags(tmp_path):
+    """--autotune needs a GPU and says so before anything is built; --tuning takes a tuned package's choice."""
+    out = tmp_path / "x.tcpkg"
+    r = tcexport(EXAMPLES / "mlp.py", "--target", "cuda:sm_90", "--autotune-at", "batch=2", "-o", out)
+    assert r.returncode == 10 and "add --autotune" in r.stderr
+    r = tcexport(EXAMPLES / "mlp.py", "--autotune", "-o", out)
+    assert r.returncode == 10 and "add a cuda target" in r.stderr
+    r = tcexport(EXAMPLES / "mlp.py", "--target", "cuda:sm_90", "--tuning", EXAMPLES / "mlp.py", "-o", out)
+    assert r.returncode == 3 and "mlp.py" in r.stderr  # not a package: the archive reader's FormatError
+    import torch
+
+    if not torch.cuda.is_available():
+        r = tcexport(EXAMPLES / "mlp.py", "--target", "cuda:sm_90", "--autotune", "-o", out)
+        assert r.returncode == 10 and "torch sees no CUDA device" in r.stderr and "capture" not in r.stderr
+    assert not out.exists()

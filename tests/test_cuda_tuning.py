@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from tcexport.exporter import pipeline  # noqa: E402
-from tcexport.exporter.autotune import candidates, families, parse_at, _shape  # noqa: E402
+from tcexport.exporter.autotune import _canonical, _shape, candidates, families, parse_at, regenerate  # noqa: E402
 from tcexport.exporter.errors import BuildError, ExportError  # noqa: E402
 from tcexport.exporter.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
@@ -67,6 +67,28 @@ def test_families_group_the_layers_that_share_code(module_state):
         assert cands[0] == f.config and len(cands) == len({json.dumps(c, sort_keys=True) for c in cands}) > 3
 
 
+def test_every_candidate_keeps_one_code_and_parameter_list_per_family(module_state):
+    """Autotune runs one compiled representative for every member of a family with each member's own
+    parameters: that is only sound while, for every candidate, the members still share one code and their
+    parameter lists are the ones the heuristic build has."""
+    st = module_state
+    params = {l.name: l.params for l in st.triton.launches}
+    for fam in families(st.triton):
+        for cfg in candidates(fam, *_shape(st.program, st.cuda_kernels, st.triton, fam.indexes[0])):
+            regen, launches = regenerate(st.program, st.cuda_kernels, st.triton, fam, cfg)
+            assert {n: l.params for n, l in regen.items()} == {n: params[n] for n in regen}
+            codes = {_canonical(codegen_module(launches), l) for l in regen.values()}
+            assert len(codes) == 1, (fam.indexes, cfg)
+            assert {str(l.grid) for l in regen.values()} and all(
+                l.constexprs["BM"] == cfg["BM"] and l.num_warps == cfg["num_warps"] for l in regen.values())
+
+
+def codegen_module(launches):
+    from tcexport.exporter.codegen_triton import TritonModule
+
+    return TritonModule("", launches)
+
+
 def test_a_recorded_tuning_replaces_the_heuristics_and_rebuilds_byte_identical(tmp_path, module_state):
     tuning = _tuning(module_state)
     a = _export(tmp_path, "a", tuning=tuning)
@@ -107,6 +129,23 @@ def test_tuning_errors(tmp_path, module_state):
     next(iter(bad["configs"].values()))["SPLIT"] = 2
     with pytest.raises(BuildError, match="SPLIT=2 is not a"):
         _export(tmp_path, "x", tuning=bad, build_cubins=False)
+    bad = copy.deepcopy(tuning)
+    next(iter(bad["configs"].values()))["BM"] = 48
+    with pytest.raises(BuildError, match="powers of two"):
+        _export(tmp_path, "x", tuning=bad, build_cubins=False)
+    bad = copy.deepcopy(tuning)
+    bad["configs"]["k6_attention"]["BD"] = 64
+    with pytest.raises(BuildError, match="k6_attention: head blocks BD=64.*another model"):
+        _export(tmp_path, "x", tuning=bad, build_cubins=False)
+    for broken, message in [({"configs": {}}, "no field 'device'"),
+                            ({**tuning, "configs": {"k6_attention": "fast"}}, "should map settings to integers"),
+                            ({**tuning, "configs": []}, "configs should be dict")]:
+        with pytest.raises(ExportError, match=message):
+            _export(tmp_path, "x", tuning=broken, build_cubins=False)
+    with pytest.raises(ExportError, match="add a cuda target"):
+        _export(tmp_path, "x", tuning=tuning, targets="cpu")
+    with pytest.raises(ExportError, match="pass one of them"):
+        _export(tmp_path, "x", tuning=tuning, autotune=True)
     plain = _export(tmp_path, "plain", build_cubins=False)
     with pytest.raises(ExportError, match="no cuda.tuning; take one built with --autotune"):
         _export(tmp_path, "x", tuning=plain, build_cubins=False)
