@@ -104,7 +104,10 @@ def _shape(prog, kernels, module, index) -> tuple[str, tuple]:
     bounds = codegen_triton.symbol_bounds(prog)
     a, b = prog.buffers[g.a.buffer].dtype, prog.buffers[g.b.buffer].dtype
     dims = (g.m, g.n, g.k) if k.kind == "gemm" else (g.m,)
-    return (a if a == b else g.acc_dtype), tuple(codegen_triton.upper_bound(e, bounds) for e in dims)
+    out = [codegen_triton.upper_bound(e, bounds) for e in dims]
+    if k.small_m:  # split-K slices: at most SMALL_M rows
+        out[0] = codegen_triton.SMALL_M if out[0] is None else min(out[0], codegen_triton.SMALL_M)
+    return (a if a == b else g.acc_dtype), tuple(out)
 
 
 class Bench:

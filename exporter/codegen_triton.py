@@ -543,8 +543,11 @@ class TritonWriter:
         """The launches of kernel ``k``, numbered from ``first_id`` (a GEMM may have a small-M variant): each
         variant whose body is the first one's is an alias of it in the source, with a cubin of its own."""
         if k.kind != "gemm":
-            return [self._launch(k, first_id, k.name, lambda: self._attention(k) if k.kind == "attention"
-                                 else self._loops(k))]
+            launch = self._launch(k, first_id, k.name, lambda: self._attention(k) if k.kind == "attention"
+                                  else self._loops(k))
+            if k.when is not None:  # it runs for some shapes only (split_k.py)
+                launch.grid = (launch.grid[0] * k.when,) + tuple(launch.grid[1:])
+            return [launch]
         launches = []
         for n, (suffix, when, cfg) in enumerate(self._gemm_variants(k)):
             name = k.name + suffix
@@ -803,8 +806,15 @@ class TritonWriter:
     def _gemm_variants(self, k: Kernel) -> list:
         g = k.stages[0].node.gemm
         a_dtype = self.prog.buffers[g.a.buffer].dtype
-        native = a_dtype == self.prog.buffers[g.b.buffer].dtype
-        return gemm_variants(a_dtype if native else g.acc_dtype, g.m, self._ub(g.m), self._ub(g.n), self._ub(g.k))
+        dtype = a_dtype if a_dtype == self.prog.buffers[g.b.buffer].dtype else g.acc_dtype
+        m_max, n_max, k_max = self._ub(g.m), self._ub(g.n), self._ub(g.k)
+        if k.small_m:  # split_k.py's slices: at most SMALL_M rows
+            m_max = SMALL_M if m_max is None else min(m_max, SMALL_M)
+            return [("", k.when if k.when is not None else sympy.Integer(1),
+                     gemm_config(dtype, m_max, n_max, k_max, small_m=True))]
+        if k.when is not None:  # the rows above SMALL_M only (split_k.py took the others)
+            return [("", k.when, gemm_config(dtype, m_max, n_max, k_max))]
+        return gemm_variants(dtype, g.m, m_max, n_max, k_max)
 
     def _gemm(self, k: Kernel, cfg: GemmConfig, when):
         node = k.stages[0].node

@@ -40,6 +40,8 @@ class Kernel:
     inner: tuple
     stages: list = field(default_factory=list)
     local: set = field(default_factory=set)  # buffers held in registers, never stored
+    when: object = None    # GPU only: a 0/1 expression of the symbols; the kernel runs where it is 1 (split_k.py)
+    small_m: bool = False  # GPU only: a GEMM that only ever sees at most SMALL_M rows (split_k.py's slices)
 
     @property
     def nodes(self):

@@ -135,8 +135,9 @@ def stage_build(st: State) -> str:
 
 def stage_codegen_triton(st: State) -> str:
     from .fuse_attention import fuse_attention
+    from .split_k import split_k
 
-    st.cuda_kernels = fuse_attention(st.program, st.kernels)
+    st.cuda_kernels = split_k(st.program, fuse_attention(st.program, st.kernels))
     st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
     st.triton = codegen_triton.generate(st.program, st.cuda_kernels, (st.tuning or {}).get("configs"))
     return st.triton.source
