@@ -21,9 +21,9 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 
 from . import ir
+from .errors import BuildError
 from .fuse import Kernel
 from .fuse_attention import scores as attention_scores
-from .errors import BuildError
 from .index_text import IndexText
 from .codegen_cpp import _split_loops, _flat_position, ARG_REDUCTIONS
 
@@ -460,8 +460,8 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
 
 def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
     """``cfg`` with each tile side cut to what its dim needs (at least 16, tl.dot's minimum)."""
-    fit = [(side, bound) for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max))]
-    bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound))) for side, bound in fit)
+    bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound)))
+                  for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max)))
     return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages)
 
 
