@@ -19,7 +19,7 @@ import pytest
 # Indices are positions among op_db's usable samples of the torch that runs the table.
 KNOWN: dict = {}
 
-DTYPES = ["float32", "float64", "int64", "bool", "bfloat16"]
+DTYPES = ["float32", "float64", "int64", "bool", "bfloat16", "float16"]
 GROUP_SIZE = 400  # samples per package: ~1250 kernels in 5 packages, each built by parallel Triton workers
 
 torch = pytest.importorskip("torch")

@@ -14,7 +14,7 @@ import harness  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-DTYPES = ["float32", "int64", "bool", "bfloat16"]
+DTYPES = ["float32", "int64", "bool", "bfloat16", "float16"]
 
 # (op, dtype, sample index) -> why it fails in the interpreter; strict: a listed sample that passes fails the test
 KNOWN: dict = {}
