@@ -18,6 +18,8 @@ MODELS = {
     "hf_gpt2": (HERE / "models" / "hf_gpt2.py", [[(1, 1)], [(3, 17)], [(16, 128)]]),
     "hf_bert": (HERE / "models" / "hf_bert.py", [[(1, 1), (1, 1)], [(3, 17), (3, 17)]]),
     "hf_llama": (HERE / "models" / "hf_llama.py", [[(1, 1)], [(3, 17)]]),
+    # split-K (exporter/split_k.py) up to 256 rows = batch 32, the one GEMM from batch 33
+    "long_k": (HERE / "models" / "long_k.py", [[(1, 8, 64)], [(32, 8, 64)], [(33, 8, 64)], [(64, 8, 64)]]),
 }
 
 
