@@ -130,6 +130,7 @@ class Bench:
         self.device = Device(torch.cuda.current_device())
         self.model = CudaModel(open_archive(path), self.device, check_indices=False)  # no host sync per call
         self.params = {l.name: l.params for l in st.triton.launches}
+        self.modules: list = []  # the candidates' CUDA modules, unloaded by close()
         self.inputs = [_inputs(self.model, st.spec, sizes) for sizes in at]
         self.at = [{s.name: env[s.name] for s in self.model.manifest.symbols} for env in
                    (self.model._bind(xs, {}, None)[2] for xs in self.inputs)]
@@ -149,10 +150,18 @@ class Bench:
         for k, launch in zip(old, (regen[k.name] for k in old)):
             if launch.params != self.params[k.name]:  # one code, so one parameter list: never seen, but fatal
                 raise BuildError(f"kernel {k.name}: other tiles changed its parameters; not tuned")
-        _, fn = self.device.load_function(cubin.data, cubin.function, cubin.shared)
+        module, fn = self.device.load_function(cubin.data, cubin.function, cubin.shared)
+        self.modules.append(module)
         return [_Kernel(k.name, fn, cubin.num_warps * 32, cubin.shared, k.params,
                         tuple(to_expr(g) for g in regen[k.name].grid), k.symbol_kind)
                 for k in old]
+
+    def close(self) -> None:
+        """Give the GPU memory back: the loaded package and every candidate's module."""
+        self.model.close()
+        for module in self.modules:
+            self.device.unload(module)
+        self.modules.clear()
 
     def swap(self, indexes: list, kernels: list) -> list:
         """Put ``kernels`` (loader _Kernels) at ``indexes``; returns what was there. Captured graphs are dropped."""
@@ -282,58 +291,61 @@ def autotune(st, at: list[dict]) -> tuple[dict, str]:
     module, prog, kernels = st.triton, st.program, st.cuda_kernels
     with tempfile.TemporaryDirectory(prefix="tcexport-autotune-") as tmp:
         bench = Bench(st, arch, at, Path(tmp))
-        heuristic = list(bench.model._kernels)
-        base = bench.time()
-        report = [f"autotune on {bench.device.name} (sm_{arch}) at {bench.at}: {base * 1e3:.3f} ms with the "
-                  "heuristics; each candidate's model time relative to the current choice's (median of "
-                  f"{ROUNDS} pairs)"]
-        tuned: dict = {}
-        plain: dict = {}  # the same launches' heuristic configs
-        for fam in families(module):
-            first = module.launches[fam.indexes[0]]
-            cands = candidates(fam, *_shape(prog, kernels, module, fam.indexes[0]))[1:]
-            names = [module.launches[i].name for i in fam.indexes]
-            plain |= {n: fam.config for n in names}
-            if not cands:
-                tuned |= {n: fam.config for n in names}
-                continue
-            line = f"{first.name} ({fam.kind}, {len(names)} launches, {_short(fam.config)})"
-            if not any(_runs(bench.model._kernels[fam.indexes[0]], env) for env in bench.at):
-                report.append(line + ": not run at the requested shapes; heuristic kept")
-                continue
-            compiled = _compile(prog, kernels, module, fam, cands, arch, st)
-            results = []
-            for cfg, (regen, cubin) in zip(cands, compiled):
-                if cubin is None:
-                    results.append((cfg, None, "did not compile"))
+        try:
+            heuristic = list(bench.model._kernels)
+            base = bench.time()
+            report = [f"autotune on {bench.device.name} (sm_{arch}) at {bench.at}: {base * 1e3:.3f} ms with the "
+                      "heuristics; each candidate's model time relative to the current choice's (median of "
+                      f"{ROUNDS} pairs)"]
+            tuned: dict = {}
+            plain: dict = {}  # the same launches' heuristic configs
+            for fam in families(module):
+                first = module.launches[fam.indexes[0]]
+                cands = candidates(fam, *_shape(prog, kernels, module, fam.indexes[0]))[1:]
+                names = [module.launches[i].name for i in fam.indexes]
+                plain |= {n: fam.config for n in names}
+                if not cands:
+                    tuned |= {n: fam.config for n in names}
                     continue
-                try:
-                    mine = bench.kernels(fam.indexes, regen, cubin)
-                except Exception as e:  # noqa: BLE001 - too much shared memory for this GPU, say
-                    results.append((cfg, None, f"did not load: {e}"))
+                line = f"{first.name} ({fam.kind}, {len(names)} launches, {_short(fam.config)})"
+                if not any(_runs(bench.model._kernels[fam.indexes[0]], env) for env in bench.at):
+                    report.append(line + ": not run at the requested shapes; heuristic kept")
                     continue
-                current = bench.swap(fam.indexes, mine)
-                ok = bench.agrees()
-                bench.swap(fam.indexes, current)
-                results.append((cfg, bench.ratio(fam.indexes, mine) if ok else None,
-                                "" if ok else "outputs disagree: rejected"))
-            best = min((r for r in results if r[1] is not None), key=lambda r: r[1], default=None)
-            chosen = fam.config
-            if best is not None and best[1] < 1 - NOISE:
-                chosen = best[0]
-                bench.swap(fam.indexes, bench.kernels(fam.indexes, *compiled[cands.index(chosen)]))
-            tuned |= {n: chosen for n in names}
-            report.append(line + ": " + "; ".join(f"{_short(c)} {r:.3f}" if r is not None else f"{_short(c)} {why}"
-                                                  for c, r, why in results)
-                          + f" -> {'kept' if chosen == fam.config else _short(chosen)}")
-        # the choices were made one family at a time: the set must also win as a whole, or the heuristics stay
-        everything = list(range(len(heuristic)))
-        share = 1 / bench.ratio(everything, heuristic)
-        verdict = "kept" if share < 1 - NOISE else "not a win as a whole: the heuristics kept instead"
-        if share >= 1 - NOISE:
-            tuned = plain
-        report.append(f"tuned: {share:.3f}x the heuristics' model time (median of {ROUNDS} pairs), "
-                      f"{bench.time() * 1e3:.3f} ms, {verdict}, in {time.perf_counter() - t0:.0f} s")
+                compiled = _compile(prog, kernels, module, fam, cands, arch, st)
+                results = []
+                for cfg, (regen, cubin) in zip(cands, compiled):
+                    if cubin is None:
+                        results.append((cfg, None, "did not compile"))
+                        continue
+                    try:
+                        mine = bench.kernels(fam.indexes, regen, cubin)
+                    except Exception as e:  # noqa: BLE001 - too much shared memory for this GPU, say
+                        results.append((cfg, None, f"did not load: {e}"))
+                        continue
+                    current = bench.swap(fam.indexes, mine)
+                    ok = bench.agrees()
+                    bench.swap(fam.indexes, current)
+                    results.append((cfg, bench.ratio(fam.indexes, mine) if ok else None,
+                                    "" if ok else "outputs disagree: rejected"))
+                best = min((r for r in results if r[1] is not None), key=lambda r: r[1], default=None)
+                chosen = fam.config
+                if best is not None and best[1] < 1 - NOISE:
+                    chosen = best[0]
+                    bench.swap(fam.indexes, bench.kernels(fam.indexes, *compiled[cands.index(chosen)]))
+                tuned |= {n: chosen for n in names}
+                report.append(line + ": " + "; ".join(f"{_short(c)} {r:.3f}" if r is not None else f"{_short(c)} {why}"
+                                                      for c, r, why in results)
+                              + f" -> {'kept' if chosen == fam.config else _short(chosen)}")
+            # the choices were made one family at a time: the set must also win as a whole, or the heuristics stay
+            everything = list(range(len(heuristic)))
+            share = 1 / bench.ratio(everything, heuristic)
+            verdict = "kept" if share < 1 - NOISE else "not a win as a whole: the heuristics kept instead"
+            if share >= 1 - NOISE:
+                tuned = plain
+            report.append(f"tuned: {share:.3f}x the heuristics' model time (median of {ROUNDS} pairs), "
+                          f"{bench.time() * 1e3:.3f} ms, {verdict}, in {time.perf_counter() - t0:.0f} s")
+        finally:
+            bench.close()
         tuning = {"device": bench.device.name, "at": bench.at, "configs": dict(sorted(tuned.items()))}
     return tuning, "\n".join(report)
 

@@ -248,8 +248,41 @@ class CudaModel:
         with self._lock:
             return self._call(args, stream, kwargs)
 
+    def close(self) -> None:
+        """Give this model's device memory back (weights, workspaces, captured graphs) and unload its kernels,
+        after the work already queued finishes: what a server does when it swaps models. Torch tensors from
+        ``parameters()`` must not be used afterwards. Calling the model afterwards raises; closing twice is fine."""
+        with self._lock:
+            if self._modules is None:
+                return
+            self.device.synchronize_context()
+            for g in self._graph_cache.values():
+                self._drop(g)
+            self._graph_cache.clear()
+            self._free_memory()
+            for module in self._modules:
+                self.device.unload(module)
+            self._modules = None
+
+    def _require_open(self) -> None:
+        if self._modules is None:
+            raise TcError(f"model {self.manifest.model!r} on cuda:{self.device.ordinal} was closed (close() gave its "
+                          "device memory back); load the package again to use it")
+
+    def _free_memory(self) -> None:
+        for ptr in (self._workspace[0], self._weights_ptr, self._error):
+            if ptr:
+                self.device.free(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _bind(self, args, kwargs, stream) -> tuple[list, list, dict, int]:
         """The call's input values, their descriptions, the symbols the guards bound, and the stream."""
+        self._require_open()
         names = [s.name for s in self.manifest.inputs]
         values = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
         if kwargs:

@@ -125,6 +125,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         order; ``None`` for an output nothing is differentiated through). With no ``grad_outputs``, every
         differentiable output must be a scalar (a loss): its gradient is 1."""
         self._check_saved(saved, CudaSaved)
+        self._require_open()
         with self._lock:
             self.device.make_current()
             given = [g for g in grad_outputs if g is not None]
@@ -192,6 +193,12 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
             self._raise_on_bad_index(stream, entry.kernels)
         return outs
 
+    def _free_memory(self) -> None:
+        self._ones.clear()  # DeviceArrays: they free themselves
+        if self._train_workspace[0]:
+            self.device.free(self._train_workspace[0])
+        super()._free_memory()
+
     # --- weights -------------------------------------------------------------------------------------------
 
     def parameters(self) -> dict:
@@ -205,6 +212,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         return {w.name: self._weight_array(k) for k, w in enumerate(self.manifest.weights)}
 
     def _weight_array(self, k: int):
+        self._require_open()
         spec = self.manifest.weights[k]
         view = DeviceArray.alias(self.device, self._weight_ptrs[k], spec.shape, spec.dtype, owner=self)
         torch = _torch()
@@ -221,6 +229,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         or a safetensors file. Each must be one of the package's weights with its dtype and shape; ``strict`` also
         requires every trainable weight to be there and no unknown name (``strict=False`` ignores unknown names,
         e.g. a PyTorch state dict's extra buffers). Waits for the GPU's queued work before writing."""
+        self._require_open()
         values = read_safetensors(source) if isinstance(source, (str, pathlib.Path)) else dict(source)
         keep: list = []  # converted values: the memory each copy reads stays alive until it is done
 
@@ -242,6 +251,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         """Write the weights (all, or only the trainable ones) as a safetensors file, atomically, after the GPU's
         queued work. Names are the PyTorch module's state-dict keys: ``module.load_state_dict(
         safetensors.torch.load_file(path), strict=False)`` loads them back (``strict=True`` with every weight)."""
+        self._require_open()
         names = self.training.trainable if trainable_only else [w.name for w in self.manifest.weights]
         self.device.make_current()
         self.device.synchronize_context()

@@ -107,6 +107,9 @@ class Device:
             check(self.cu.cuFuncSetAttribute(fn, attr, shared), f"cuFuncSetAttribute({name})")
         return module, fn
 
+    def unload(self, module) -> None:
+        check(self.cu.cuModuleUnload(module), "cuModuleUnload")
+
     def launch(self, fn, grid: tuple, threads: int, shared: int, stream: int, params_address: int) -> None:
         check(self.cu.cuLaunchKernel(fn, grid[0], grid[1], grid[2], threads, 1, 1, shared, stream,
                                      params_address, 0), "cuLaunchKernel")

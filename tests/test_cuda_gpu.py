@@ -101,6 +101,28 @@ def test_autotune_records_a_tuning_that_rebuilds_byte_identical(tmp_path):
                                    rtol=2e-4, atol=2e-4)
 
 
+def test_close_gives_the_device_memory_back():
+    """A server swapping models: close() frees the weights, workspaces and graphs and unloads the kernels; the
+    closed model raises instead of reading freed memory."""
+    path, shapes_list = CASES["hf_gpt2"]
+    _, xs = _inputs(path, shapes_list[-1], seed=7)
+    x = xs[0].cuda()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.mem_get_info()[0]
+    with L.load(package("hf_gpt2"), device="cuda") as model:
+        model(x)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        during = torch.cuda.mem_get_info()[0]
+    torch.cuda.empty_cache()
+    after = torch.cuda.mem_get_info()[0]
+    assert during < before and after >= before - (4 << 20), (before, during, after)
+    model.close()  # twice is fine
+    with pytest.raises(E.TcError, match="was closed"):
+        model(x)
+
+
 def test_runs_on_the_callers_stream():
     path, shapes_list = CASES["mlp"]
     model = L.load(package("mlp"), device="cuda")
