@@ -39,8 +39,8 @@ def slices(k) -> int:
 
 
 def split_k(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with every eligible GEMM kernel followed by its split-K pair (a new list; ``prog`` gains the
-    partial buffers)."""
+    """``kernels`` with every eligible GEMM kernel followed by its split-K pair, or replaced by it when no shape
+    has more than SMALL_M rows (a new list; ``prog`` gains the partial buffers)."""
     bounds = symbol_bounds(prog)
     out = []
     for k in kernels:
