@@ -147,8 +147,8 @@ class Bench:
         from tcexport.packager.exprs import to_expr
 
         old = [self.model._kernels[i] for i in indexes]
-        for k, launch in zip(old, (regen[k.name] for k in old)):
-            if launch.params != self.params[k.name]:  # one code, so one parameter list: never seen, but fatal
+        for k in old:
+            if regen[k.name].params != self.params[k.name]:  # one code, so one parameter list: never seen, but fatal
                 raise BuildError(f"kernel {k.name}: other tiles changed its parameters; not tuned")
         module, fn = self.device.load_function(cubin.data, cubin.function, cubin.shared)
         self.modules.append(module)

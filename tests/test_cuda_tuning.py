@@ -117,26 +117,21 @@ def test_tuned_kernels_match_eager_in_the_interpreter(tmp_path, module_state):
 
 def test_tuning_errors(tmp_path, module_state):
     tuning = _tuning(module_state)
-    wrong = copy.deepcopy(tuning)
-    wrong["configs"]["k99_gemm"] = next(iter(tuning["configs"].values()))
-    with pytest.raises(BuildError, match="k99_gemm.*another model"):
-        _export(tmp_path, "x", tuning=wrong, build_cubins=False)
-    bad = copy.deepcopy(tuning)
-    next(iter(bad["configs"].values()))["BM"] = 8
-    with pytest.raises(BuildError, match="below 16"):
-        _export(tmp_path, "x", tuning=bad, build_cubins=False)
-    bad = copy.deepcopy(tuning)
-    next(iter(bad["configs"].values()))["SPLIT"] = 2
-    with pytest.raises(BuildError, match="SPLIT=2 is not a"):
-        _export(tmp_path, "x", tuning=bad, build_cubins=False)
-    bad = copy.deepcopy(tuning)
-    next(iter(bad["configs"].values()))["BM"] = 48
-    with pytest.raises(BuildError, match="powers of two"):
-        _export(tmp_path, "x", tuning=bad, build_cubins=False)
-    bad = copy.deepcopy(tuning)
-    bad["configs"]["k6_attention"]["BD"] = 64
-    with pytest.raises(BuildError, match="k6_attention: head blocks BD=64.*another model"):
-        _export(tmp_path, "x", tuning=bad, build_cubins=False)
+
+    def first(cfg: dict) -> dict:
+        return next(iter(cfg["configs"].values()))
+
+    for edit, message in [
+        (lambda t: t["configs"].update(k99_gemm=dict(first(t))), "k99_gemm.*another model"),
+        (lambda t: first(t).update(BM=8), "below 16"),
+        (lambda t: first(t).update(SPLIT=2), "SPLIT=2 is not a"),
+        (lambda t: first(t).update(BM=48), "powers of two"),
+        (lambda t: t["configs"]["k6_attention"].update(BD=64), "k6_attention: head blocks BD=64.*another model"),
+    ]:
+        damaged = copy.deepcopy(tuning)
+        edit(damaged)
+        with pytest.raises(BuildError, match=message):
+            _export(tmp_path, "x", tuning=damaged, build_cubins=False)
     for broken, message in [({"configs": {}}, "no field 'device'"),
                             ({**tuning, "configs": {"k6_attention": "fast"}}, "should map settings to integers"),
                             ({**tuning, "configs": []}, "configs should be dict")]:
