@@ -6,15 +6,19 @@ their allocators and streams stay in charge; anything else gets a ``DeviceArray`
 server whose requests arrive in host memory: they are copied up, and the outputs come back as numpy. Work goes onto the caller's
 current stream (torch's or CuPy's), or the ``stream=`` given.
 
-Per input-shape signature the launch sequence is captured once as a CUDA graph and replayed: the inputs are
-copied into the graph's own buffers, the graph runs, and the outputs are copied out, so a call costs three or
-four driver calls however many kernels the model has. ``graphs=False`` launches kernel by kernel instead.
+Per input-shape signature the launch sequence is built once as a CUDA graph and replayed, so a call costs a few
+driver calls however many kernels the model has. The graph's kernels read the caller's inputs and write the
+caller's outputs in place: only the few nodes that touch them are re-pointed, and only when an address changed
+since the last replay (a copy out of graph-owned memory would add a full pass over the outputs: 100 MB of logits
+for GPT-2 at batch 8). Host inputs, and device inputs that are not 16-byte aligned, are copied into the graph's
+own buffer first. ``graphs=False`` launches kernel by kernel instead.
 Kernels that index by data (embedding, gather) record an out-of-range index in an error word; the call then
 synchronises and raises RuntimeKernelError (``check_indices=False`` skips that check and its synchronisation).
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 from collections import OrderedDict
@@ -185,14 +189,15 @@ class _Kernel:
 
 @dataclass
 class _Graph:
-    """One captured shape signature: its own buffers for inputs, outputs and workspace, and the graph."""
+    """One shape signature's graph, with its own buffers for staged inputs and the workspace."""
 
     memory: int
-    inputs: list      # device pointers of the static input copies
-    outputs: list     # device pointers of the static outputs
+    staging: list     # per input: device memory a host or misaligned input is copied into
     graph: object
     graph_exec: object
-    blocks: list      # ParamBlocks the captured launches point into (kept alive)
+    blocks: list      # ParamBlocks the nodes were built from (kept alive; the io nodes' are rewritten)
+    io: list          # (node, params struct, ParamBlock, [(slot, "input"/"output", index)]) per node touching them
+    bound: tuple = () # the (input, output) addresses the io nodes point at now
 
 
 class CudaModel:
@@ -208,10 +213,10 @@ class CudaModel:
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
         self._error = device.alloc(4)
-        self._error_host = np.zeros(1, dtype=np.int32)
+        self._error_host = device.alloc_host(4)  # the call's check is one queued copy and one wait
+        self._error_word = ctypes.c_int32.from_address(self._error_host)
         device.memset32_async(self._error, 0, 1, 0)
         device.synchronize(0)
-        self._capture_stream = device.new_stream() if graphs else None
         self._graph_cache: OrderedDict = OrderedDict()
         self._workspace = (0, 0)  # (pointer, bytes) for calls without graphs
         self._out_specs = [(s.shape, s.dtype) for s in m.outputs]
@@ -273,6 +278,7 @@ class CudaModel:
         for ptr in (self._workspace[0], self._weights_ptr, self._error):
             if ptr:
                 self.device.free(ptr)
+        self.device.free_host(self._error_host)
 
     def __enter__(self):
         return self
@@ -298,7 +304,7 @@ class CudaModel:
         outs = self._new_outputs(values, env)
         out_ptrs = [_pointer(o) for o in outs]
         if self.graphs:
-            self._run_graph(metas, out_ptrs, outs, env, stream)
+            self._run_graph(metas, out_ptrs, env, stream)
         else:
             self._run_direct(metas, out_ptrs, env, stream)
         if self._checked and self.check_indices:
@@ -373,44 +379,50 @@ class CudaModel:
                 inputs.append(m.ptr)
         self._launch_all(self._blocks(inputs, out_ptrs, ptr, env), stream)
 
-    def _run_graph(self, metas, out_ptrs, outs, env, stream) -> None:
+    def _run_graph(self, metas, out_ptrs, env, stream) -> None:
         key = tuple(m.shape for m in metas)
         g = self._graph_cache.get(key)
         if g is None:
-            g = self._capture(metas, env)
+            g = self._build_graph(metas, env)
             self._graph_cache[key] = g
             if len(self._graph_cache) > GRAPH_CACHE:
                 self._drop(self._graph_cache.popitem(last=False)[1])
         else:
             self._graph_cache.move_to_end(key)
-        for dst, m in zip(g.inputs, metas):
-            if m.nbytes:
-                (self.device.upload_async if m.host else self.device.copy_async)(dst, m.ptr, m.nbytes, stream)
+        in_ptrs = []
+        for staged, m in zip(g.staging, metas):
+            if m.host or m.ptr % 16:  # kernels assume 16-byte aligned pointers
+                if m.nbytes:
+                    (self.device.upload_async if m.host else self.device.copy_async)(staged, m.ptr, m.nbytes, stream)
+                in_ptrs.append(staged)
+            else:
+                in_ptrs.append(m.ptr)
+        bound = (tuple(in_ptrs), tuple(out_ptrs))
+        if bound != g.bound:
+            for node, params, block, slots in g.io:
+                for slot, kind, index in slots:
+                    block.values[slot].value = (in_ptrs if kind == "input" else out_ptrs)[index]
+                self.device.set_kernel_node(g.graph_exec, node, params)
+            g.bound = bound
         self.device.graph_launch(g.graph_exec, stream)
-        for dst, src, o in zip(out_ptrs, g.outputs, outs):
-            n = _nbytes(o)
-            if n:
-                self.device.copy_async(dst, src, n, stream)
 
-    def _capture(self, metas, env) -> _Graph:
-        out_bytes = [int(np.prod([ex.evaluate(d, env) for d in shape], dtype=np.int64)) * numpy_dtype(dt).itemsize
-                     for shape, dt in self._out_specs]
+    def _build_graph(self, metas, env) -> _Graph:
         work = ex.evaluate(self.manifest.cuda.workspace_bytes, env)
-        sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(n) for n in out_bytes] + [_aligned(work)]
+        sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(work)]
         memory = self.device.alloc(sum(sizes))
         ptrs, at = [], memory
         for s in sizes:
             ptrs.append(at)
             at += s
-        inputs, outputs, workspace = ptrs[:len(metas)], ptrs[len(metas):len(metas) + len(out_bytes)], ptrs[-1]
-        blocks = self._blocks(inputs, outputs, workspace, env)
-        s = self._capture_stream
-        self.device.begin_capture(s)
-        try:
-            self._launch_all(blocks, s)
-        finally:
-            graph, graph_exec = self.device.end_capture(s)
-        return _Graph(memory, inputs, outputs, graph, graph_exec, blocks)
+        blocks = [b for b in self._blocks(ptrs[:-1], [0] * len(self._out_specs), ptrs[-1], env) if min(b[2]) > 0]
+        graph, graph_exec, nodes = self.device.build_graph(
+            (k.function, grid, k.threads, k.shared, block.address) for k, block, grid in blocks)
+        io = []
+        for (k, block, _), (node, params) in zip(blocks, nodes):
+            slots = [(i, p["kind"], p["value"]) for i, p in enumerate(k.params) if p["kind"] in ("input", "output")]
+            if slots:
+                io.append((node, params, block, slots))
+        return _Graph(memory, ptrs[:-1], graph, graph_exec, blocks, io)
 
     def _drop(self, g: _Graph) -> None:
         self.device.synchronize(0)
@@ -418,9 +430,9 @@ class CudaModel:
         self.device.free(g.memory)
 
     def _raise_on_bad_index(self, stream: int, kernels=None) -> None:
+        self.device.download_async(self._error_host, self._error, 4, stream)
         self.device.synchronize(stream)
-        self.device.download(self._error_host.ctypes.data, self._error, 4)
-        code = int(self._error_host[0])
+        code = self._error_word.value
         if code:
             self.device.memset32_async(self._error, 0, 1, stream)
             self.device.synchronize(stream)
@@ -450,12 +462,6 @@ def _pointer(o) -> int:
     if isinstance(o, DeviceArray):
         return o.ptr
     return int(o.__cuda_array_interface__["data"][0])
-
-
-def _nbytes(o) -> int:
-    if _is_torch(o):
-        return o.numel() * o.element_size()
-    return int(o.nbytes)
 
 
 def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True) -> CudaModel:

@@ -81,6 +81,13 @@ class Device:
     def free(self, ptr: int) -> None:
         check(self.cu.cuMemFree(ptr), "cuMemFree")
 
+    def alloc_host(self, nbytes: int) -> int:
+        """Page-locked host memory: a copy into it is truly asynchronous, so it can be queued behind the kernels."""
+        return int(check(self.cu.cuMemAllocHost(max(int(nbytes), 1)), f"cuMemAllocHost({nbytes})"))
+
+    def free_host(self, ptr: int) -> None:
+        check(self.cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
     def upload(self, dst: int, host, nbytes: int) -> None:
         check(self.cu.cuMemcpyHtoD(dst, host, nbytes), "cuMemcpyHtoD")
 
@@ -90,6 +97,9 @@ class Device:
 
     def download(self, host, src: int, nbytes: int) -> None:
         check(self.cu.cuMemcpyDtoH(host, src, nbytes), "cuMemcpyDtoH")
+
+    def download_async(self, host: int, src: int, nbytes: int, stream: int) -> None:
+        check(self.cu.cuMemcpyDtoHAsync(host, src, nbytes, stream), "cuMemcpyDtoHAsync")
 
     def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
@@ -116,10 +126,6 @@ class Device:
 
     # streams and graphs ----------------------------------------------------------------------------------
 
-    def new_stream(self) -> int:
-        flags = self.cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-        return check(self.cu.cuStreamCreate(flags), "cuStreamCreate")
-
     def synchronize(self, stream: int) -> None:
         check(self.cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
@@ -128,13 +134,28 @@ class Device:
         self.make_current()
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
-    def begin_capture(self, stream) -> None:
-        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        check(self.cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+    def build_graph(self, launches) -> tuple:
+        """A graph of kernel nodes that run one after another (what capturing ``launches``, tuples of (function,
+        grid, threads, shared, params address), on one stream would give), instantiated; with each node and its
+        parameter struct, so that a replay can point a node at other buffers (``set_kernel_node``)."""
+        cu = self.cu
+        graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
+        nodes, after = [], []
+        for fn, grid, threads, shared, params_address in launches:
+            p = cu.CUDA_KERNEL_NODE_PARAMS()
+            p.func = fn
+            p.gridDimX, p.gridDimY, p.gridDimZ = grid
+            p.blockDimX, p.blockDimY, p.blockDimZ = threads, 1, 1
+            p.sharedMemBytes = shared
+            p.kernelParams = params_address
+            node = check(cu.cuGraphAddKernelNode(graph, after, len(after), p), "cuGraphAddKernelNode")
+            nodes.append((node, p))
+            after = [node]
+        return graph, check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"), nodes
 
-    def end_capture(self, stream):
-        graph = check(self.cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
-        return graph, check(self.cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    def set_kernel_node(self, graph_exec, node, params) -> None:
+        """Re-read a node's parameter values (from the address in ``params``) for the graph's later launches."""
+        check(self.cu.cuGraphExecKernelNodeSetParams(graph_exec, node, params), "cuGraphExecKernelNodeSetParams")
 
     def graph_launch(self, graph_exec, stream: int) -> None:
         check(self.cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
