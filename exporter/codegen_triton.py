@@ -881,10 +881,11 @@ class TritonWriter:
         q_dtype = self.prog.buffers[g1.a.buffer].dtype
         v_dtype = self.prog.buffers[g2.b.buffer].dtype
         precision1, widen_q, widen_k = self._dot_kind(g1)
-        # the probabilities stay float32 against 16-bit values, in tf32 (like the unfused P @ V: see _dot_kind):
-        # rounding them to 16 bits, as flash attention does, cost 2% on a bf16 op-table sample
-        v_widen, precision2 = (".to(tl.float32)", ', input_precision="tf32"') if v_dtype in HALF else \
-            ("", ', input_precision="ieee"')
+        # against 16-bit values the float32 probabilities go in as two 16-bit parts, p = hi + lo, in two native
+        # dots: about 16 bits of p where flash attention keeps 8 (bf16; that was 2% off on a bf16 op-table
+        # sample) and tf32 10, and faster than the tf32 dot with widened values (H200, GPT-2 small at batch 8)
+        split_p = v_dtype in HALF
+        precision2 = "" if split_p else ', input_precision="ieee"'
         cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
         if k.name in self.tuned:
             cfg = tuned_config(k.name, "attention", self.tuned[k.name], cfg)
@@ -936,7 +937,16 @@ class TritonWriter:
             f"{body}p = tl.exp(s - m_use[:, None])",
             f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
             f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
-            f"{body}acc = acc * alpha[:, None] + tl.dot(p, v{v_widen}{precision2})",
+        ]
+        if split_p:
+            lines += [
+                f"{body}p_hi = p.to({TL_TYPE[v_dtype]})",
+                f"{body}acc = tl.dot((p - p_hi.to(tl.float32)).to({TL_TYPE[v_dtype]}), v, acc * alpha[:, None])",
+                f"{body}acc = tl.dot(p_hi, v, acc)",
+            ]
+        else:
+            lines.append(f"{body}acc = acc * alpha[:, None] + tl.dot(p, v{precision2})")
+        lines += [
             f"{body}m_i = m_new",
             f"{ind}acc = acc / l_i[:, None]",
             f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
