@@ -47,6 +47,10 @@ for batch in (1, 8):
         got = model(ids).float()
         rel = ((got - ref).norm() / ref.norm()).item()
         res[batch] = {"rel_err_vs_eager": rel, "tcpkg_ms": timed(lambda: model(ids)), "eager_ms": timed(lambda: m(ids))}
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        for _ in range(100): model(ids)
+        res[batch]["tcpkg_host_us"] = round((time.perf_counter() - t0) * 1e4, 1)  # the Python side of a call
+        torch.cuda.synchronize()
     print(batch, res[batch], flush=True)
 
 from torch.profiler import profile, ProfilerActivity
@@ -69,6 +73,9 @@ for prof_batch in map(int, os.environ.get("PB", "8").split(",")):
     SUMMARY += f"batch {prof_batch} per call by kind (us): " + str({k: (round(v, 1), counts[k]) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}) + " total " + str(round(tot, 1))
     top = sorted(((getattr(e, "device_time_total", 0) or e.cuda_time_total) / 5, e.key) for e in p.key_averages() if re.match(r"k\d+_", e.key))[-12:]
     SUMMARY += "\ntop kernels (us/call): " + str([(round(t, 1), k) for t, k in top[::-1]]) + "\n"
+    ids_time = {int(re.match(r"k(\d+)_", e.key).group(1)): (round((getattr(e, "device_time_total", 0) or e.cuda_time_total) / 5, 1), e.key)
+                for e in p.key_averages() if re.match(r"k\d+_", e.key)}
+    SUMMARY += "first kernels (us/call): " + str([ids_time[i] for i in sorted(ids_time)[:30]]) + "\n"
 print(SUMMARY, flush=True)
 
 if os.environ.get("COMPILE", "1") == "1":
@@ -82,6 +89,14 @@ if os.environ.get("COMPILE", "1") == "1":
         res[batch]["ratio_vs_compile_ro"] = res[batch]["tcpkg_ms"] / res[batch]["compile_ro_ms"]
         res[batch]["ratio_vs_eager"] = res[batch]["tcpkg_ms"] / res[batch]["eager_ms"]
         print(batch, res[batch], flush=True)
+        if batch in map(int, os.environ.get("PB", "8").split(",")):  # torch.compile's kernels, for comparison
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(5): c(ids)
+                torch.cuda.synchronize()
+            top = sorted(((getattr(e, "device_time_total", 0) or e.cuda_time_total) / 5, e.count // 5, e.key)
+                         for e in p.key_averages() if "CUDA" in str(getattr(e, "device_type", "")))[::-1]
+            SUMMARY += (f"compile-ro batch {batch}: kernel total {round(sum(t for t, _, _ in top), 1)} us; top: "
+                        + str([(round(t, 1), n, k[:60]) for t, n, k in top[:25]]) + "\n")
 print(json.dumps(res))
 print(SUMMARY)
 

@@ -1,0 +1,82 @@
+"""Probe (`python -m bench.gpu_attention_probe` on a GPU machine): GPT-2 small's attention at batch 8 (96 heads x
+128 x 64, bf16, an additive causal mask read from a float32 buffer, as the exported model has it) in variants of
+the kernel codegen_triton.py generates, timed with triton.testing.do_bench, with the relative error against
+float32 SDPA. PV16: 0 = float32 P in a tf32 dot, 1 = P rounded to bf16 (flash attention), 2 = P as bf16 hi + lo
+in two dots (what the codegen does). SKIP: skip key blocks whose mask is all -inf. OUTL: write the output as
+[batch, seq, heads, d], the layout the projection reads. Results: bench/results/*-gpt2-b8-where-time-goes.md."""
+import torch, triton, triton.language as tl
+from triton.testing import do_bench
+
+@triton.jit
+def attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PV16: tl.constexpr,
+         SKIP: tl.constexpr, OUTL: tl.constexpr):
+    M = S; N = S; D: tl.constexpr = 64
+    pid = tl.program_id(0); bid = tl.program_id(1)
+    b = bid // H; h = bid % H
+    rm = pid * BM + tl.arange(0, BM); rd = tl.arange(0, D); rn0 = tl.arange(0, BN)
+    row = 3 * H * D
+    q = tl.load(qkv + row * (b * S + rm[:, None]) + h * D + rd[None, :], mask=rm[:, None] < M, other=0.0)
+    m_i = tl.full((BM,), float('-inf'), tl.float32); l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    for kk in range(0, tl.cdiv(N, BN)):
+        rn = kk * BN + rn0
+        smask = (rm[:, None] < M) & (rn[None, :] < N)
+        mk = tl.load(maskb + b * S * S + rm[:, None] * S + rn[None, :], mask=smask, other=0)
+        go = True
+        if SKIP:
+            go = tl.max(tl.max(mk, 1), 0) > float('-inf')
+        if go:
+            kt = tl.load(qkv + row * (b * S + rn[None, :]) + H * D + h * D + rd[:, None], mask=rn[None, :] < N, other=0.0)
+            s = tl.dot(q, kt) * 0.125 + mk
+            s = tl.where(rn[None, :] < N, s, float('-inf'))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float('-inf'), 0.0, m_new)
+            alpha = tl.exp(m_i - m_use)
+            p = tl.exp(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(qkv + row * (b * S + rn[:, None]) + 2 * H * D + h * D + rd[None, :], mask=rn[:, None] < N, other=0.0)
+            if PV16 == 2:
+                p_hi = p.to(tl.bfloat16)
+                acc = tl.dot((p - p_hi.to(tl.float32)).to(tl.bfloat16), v, acc * alpha[:, None])
+                acc = tl.dot(p_hi, v, acc)
+            elif PV16 == 1:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="tf32")
+            m_i = m_new
+    acc = acc / l_i[:, None]
+    if OUTL:  # [batch, seq, head, d]: what the projection reads
+        tl.store(out + (b * S + rm[:, None]) * H * D + h * D + rd[None, :], acc.to(tl.bfloat16), mask=rm[:, None] < M)
+    else:     # [batch*head, seq, d]
+        tl.store(out + bid * M * D + rm[:, None] * D + rd[None, :], acc.to(tl.bfloat16), mask=rm[:, None] < M)
+
+B, S, H, D = 8, 128, 12, 64
+qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=torch.bfloat16)
+causal = torch.full((S, S), float("-inf"), device="cuda").triu(1)
+maskb = causal.expand(B, S, S).contiguous()
+q, k, v = qkv.view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)
+ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)  # B,H,S,D
+sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+print(f"torch sdpa (bf16, is_causal) {sdpa*1e3:.1f} us", flush=True)
+res = []
+def trial(BM, BN, warps, stages, PV16, SKIP, OUTL):
+    out = torch.empty(B * S * H * D, device="cuda", dtype=torch.bfloat16)
+    grid = (triton.cdiv(S, BM), B * H)
+    fn = lambda: attn[grid](qkv, maskb, out, S, H, BM, BN, PV16, SKIP, OUTL, num_warps=warps, num_stages=stages)
+    try:
+        fn()
+        got = out.view(B, S, H, D).transpose(1, 2) if OUTL else out.view(B, H, S, D)
+        err = ((got.float() - ref).norm() / ref.norm()).item()
+        t = do_bench(fn)
+    except Exception as e:
+        print((BM, BN, warps, stages, PV16, SKIP, OUTL), "failed", str(e)[:100]); return
+    r = (t, (BM, BN, warps, stages), dict(pv16=PV16, skip=SKIP, outl=OUTL), round(err, 5))
+    res.append(r); return r
+for cfg in ((64, 64, 4, 2), (64, 128, 4, 1), (128, 128, 8, 2), (64, 64, 4, 1), (32, 64, 4, 2)):
+    for PV16 in (0, 1, 2):
+        r = trial(*cfg, PV16, 0, 0)
+        print(f"{r[0]*1e3:6.1f} us {r[1]} {r[2]} relerr {r[3]}", flush=True)
+for SKIP, OUTL in ((1, 0), (0, 1), (1, 1)):
+    for PV16 in (0, 2):
+        r = trial(64, 64, 4, 2, PV16, SKIP, OUTL)
+        print(f"{r[0]*1e3:6.1f} us {r[1]} {r[2]} relerr {r[3]}", flush=True)
