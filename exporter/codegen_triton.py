@@ -885,7 +885,6 @@ class TritonWriter:
         # dots: about 16 bits of p where flash attention keeps 8 (bf16; that was 2% off on a bf16 op-table
         # sample) and tf32 10, and faster than the tf32 dot with widened values (H200, GPT-2 small at batch 8)
         split_p = v_dtype in HALF
-        precision2 = "" if split_p else ', input_precision="ieee"'
         cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
         if k.name in self.tuned:
             cfg = tuned_config(k.name, "attention", self.tuned[k.name], cfg)
@@ -945,7 +944,7 @@ class TritonWriter:
                 f"{body}acc = tl.dot(p_hi, v, acc)",
             ]
         else:
-            lines.append(f"{body}acc = acc * alpha[:, None] + tl.dot(p, v{precision2})")
+            lines.append(f'{body}acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")')
         lines += [
             f"{body}m_i = m_new",
             f"{ind}acc = acc / l_i[:, None]",
