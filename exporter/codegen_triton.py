@@ -84,6 +84,12 @@ def _argmax(v1, i1, v2, i2):
 
 
 @triton.jit
+def _tanh_approx(x):
+    # bfloat16 tanh: one MUFU instruction, relative error at most 2**-11, under bfloat16's rounding (2**-9)
+    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _argmin(v1, i1, v2, i2):
     take = (v1 == v1) & ((v2 != v2) | (v2 < v1) | ((v2 == v1) & (i2 < i1)))
     take = take | ((v1 != v1) & (v2 != v2) & (i2 < i1))
@@ -113,6 +119,9 @@ INT_OPS = {"floordiv": "_floordiv({a}, {b})", "remainder": "_pymod({a}, {b})", "
            "minimum": "tl.minimum({a}, {b})", "relu": "tl.maximum({a}, 0)"}
 # tl.sqrt_rn takes float32 only; float64's tl.sqrt is already sqrt.rn.f64 (float32's is sqrt.approx)
 FLOAT64_OPS = {"sqrt": "tl.sqrt({a})", "rsqrt": "(1.0 / tl.sqrt({a}))"}
+# libdevice's tanh took 5.5 us of the 17 us of GPT-2's MLP up-projection with its GELU (H200, batch 8);
+# tanh.approx 0.4 us. Its 2**-11 error is below bfloat16's rounding only, so float16 and float32 keep libdevice.
+BFLOAT16_OPS = {"tanh": "_tanh_approx({a})"}
 FLOAT_OPS = {"floordiv": "tl.floor({a} / {b})", "remainder": "_fpymod({a}, {b})",
              "truncdiv": "libdevice.trunc({a} / {b})"}
 BOOL_OPS = {"maximum": "({a} | {b})", "minimum": "({a} & {b})", "mul": "({a} & {b})", "add": "({a} | {b})"}
@@ -247,12 +256,13 @@ def _cast_python(value, dtype: str):
 class Emitter:
     """Renders values into statements, one temporary per distinct subexpression. ``mask`` guards every load."""
 
-    def __init__(self, w: "TritonWriter", registers: dict, indent: str, mask: str):
+    def __init__(self, w: "TritonWriter", registers: dict, indent: str, mask: str, axis_masks=()):
         self.w = w
         self.registers = registers  # buffer -> variable holding its value at this position
         self.indent = indent
         self.mask = mask            # what loads are masked by: the block's mask, narrowed inside where()
         self.block_mask = mask      # the block's own mask (its shape)
+        self.axis_masks = axis_masks  # [(index variables, mask)]: a load indexed by those alone takes that mask
         self.lines: list[str] = []
         self.memo: dict = {}
 
@@ -287,7 +297,11 @@ class Emitter:
         offset = flat if isinstance(flat, str) else tindex(flat)
         if not isinstance(flat, str) and not sympy.sympify(flat).free_symbols:
             offset += BLOCK_ZERO[self.block_mask]  # a fixed element (a 0-d tensor) read by a whole block
-        text = f"tl.load({buffer} + {offset}, mask={self.mask}, other=0)"
+        mask = self.mask
+        if self.axis_masks and mask == self.block_mask and not isinstance(flat, str):
+            used = sympy.sympify(flat).free_symbols & set().union(*(axis for axis, _ in self.axis_masks))
+            mask = next((m for axis, m in self.axis_masks if used and used <= axis), mask)
+        text = f"tl.load({buffer} + {offset}, mask={mask}, other=0)"
         return f"{text}.to(tl.float32)" if dtype in HALF else text
 
     def _op(self, v: ir.Op) -> str:
@@ -307,7 +321,8 @@ class Emitter:
             args = [self._as(a, v.dtype) for a in v.args]
         kind = "bool" if v.dtype == "bool" else ("float" if v.dtype in FLOATS else "int")
         table = {"bool": BOOL_OPS, "float": FLOAT_OPS, "int": INT_OPS}[kind]
-        tmpl = table.get(v.op) or (FLOAT64_OPS.get(v.op) if v.dtype == "float64" else None) or OPS.get(v.op)
+        tmpl = table.get(v.op) or (FLOAT64_OPS.get(v.op) if v.dtype == "float64" else None) or \
+            (BFLOAT16_OPS.get(v.op) if v.dtype == "bfloat16" else None) or OPS.get(v.op)
         if tmpl is None:
             raise NotImplementedError(f"no Triton rendering for op {v.op!r}")
         text = tmpl.format(a=args[0] if args else "", b=args[1] if len(args) > 1 else "",
@@ -436,16 +451,18 @@ SMALL_M = 256  # rows up to which a GEMM takes its small-M variant (batch 1-2 of
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
-    to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats: 64x64x128 tiles (4 warps, 3 stages)
-    up to 1024 columns; with many rows, 64x128x64 up to 16K columns and 128x256x64 with 8 warps for a
-    vocabulary-sized N; with at most SMALL_M rows (``small_m``), 64x64x128 up to 16K columns, which gives such a
-    GEMM twice the programs (GPT-2's MLP up-projection at 128 rows: 5.6 us against 8.7), and 128x128x64 for a
-    vocabulary. (64x128x64 won the isolated sweep for the 768-column down-projection at 1024 rows, 14.1 us
-    against 15.2, but took 20.5 us inside the model, where its operands are not already in L2.) float32 (full-precision dots) takes 64x64x32,
+    to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
+    a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
+    against 14.9-15.5 for 64x64x128 with 3 stages; 64x128x64 with 3 stages took 20.5), the same with 3 up to 16K
+    columns, 128x256x64 with 8 warps for a vocabulary-sized N; with at most SMALL_M rows (``small_m``), 64x64x128
+    (3 stages) up to 16K columns, which gives such a GEMM twice the programs (GPT-2's MLP up-projection at 128
+    rows: 5.6 us against 8.7), and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
     K needs."""
     if dtype in HALF:
-        if n_max is not None and (n_max <= 1024 or small_m and n_max <= 16384):
+        if n_max is not None and n_max <= 1024 and not small_m:
+            bm, bn, bk, warps, stages = 64, 128, 64, 4, 5
+        elif n_max is not None and (n_max <= 1024 or small_m and n_max <= 16384):
             bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
         elif n_max is not None and n_max <= 16384:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
@@ -758,26 +775,44 @@ class TritonWriter:
 
     def _gemm_coords(self, node: ir.Node, row: str, col: str, ind: str) -> list[str]:
         """Lines binding i0, i1, ... (the node's output position) for GEMM element (bid, row, col). A batched
-        output laid out [batch dims..., m, n] maps directly (no division per element); any other shape goes
-        through the row-major position."""
+        output laid out [batch dims..., m, n] maps directly, and an unbatched [rows dims..., n] splits only the
+        row (a division per row, not per element: a residual add indexed per element cost GPT-2's projections
+        up to 0.5 us each on an H200); any other shape goes through the row-major position."""
         g, ranges = node.gemm, node.ranges
         if len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
                 ir.same_size(ir.product(ranges[:-2]), g.batch):
             return self._matrix_coords(ranges, row, col, ind)
+        if self._row_split(node):
+            return self._decompose(row, ranges[:-1], "i", ind) + [f"{ind}i{len(ranges) - 1} = {col}"]
         flat = f"bid * ({tindex(g.m * g.n)}) + {row} * {tindex(g.n)} + {col}"
         return [f"{ind}flat_e = {flat}"] + self._decompose("flat_e", ranges, "i", ind)
+
+    @staticmethod
+    def _row_split(node: ir.Node) -> bool:
+        """Whether an unbatched GEMM's output is [row dims..., n]: its last index is the column alone."""
+        g, ranges = node.gemm, node.ranges
+        return sympy.sympify(g.batch) == 1 and len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and \
+            ir.same_size(ir.product(ranges[:-1]), g.m)
+
+    def _axis_masks(self, node: ir.Node) -> list:
+        """[(index variables, mask)]: an epilogue load that reads by the column alone (a bias) takes the column
+        mask and loads one row of the tile, not all of it; one that reads by the row alone takes the row mask."""
+        if not self._row_split(node):
+            return []
+        last = len(node.ranges) - 1
+        return [({ir.ivar(last)}, "(rn[None, :] < N)"), ({ir.ivar(d) for d in range(last)}, "(rm[:, None] < M)")]
 
     def _matrix_coords(self, shape: tuple, row: str, col: str, ind: str) -> list[str]:
         """i0, i1, ... of a [batch dims..., rows, cols] position: the batch dims from ``bid``."""
         r = len(shape)
         return self._decompose("bid", shape[:-2], "i", ind) + [f"{ind}i{r - 2} = {row}", f"{ind}i{r - 1} = {col}"]
 
-    def _epilogue(self, node: ir.Node, acc: str, mask: str, ind: str, lines: list) -> str:
+    def _epilogue(self, node: ir.Node, acc: str, mask: str, ind: str, lines: list, axis_masks=()) -> str:
         """The value a GEMM node stores: its epilogue body with Load(out, i...) bound to ``acc`` (ir.Gemm)."""
         if node.body is None:
             return acc
         here = ir.Load(node.gemm.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(len(node.ranges))))
-        em = Emitter(self, {}, ind, mask)
+        em = Emitter(self, {}, ind, mask, axis_masks)
         em.memo[here] = acc
         val = em.tensor(node.body)
         lines += em.lines
@@ -860,7 +895,7 @@ class TritonWriter:
         ]
         if node.body is not None:
             lines += self._gemm_coords(node, "rm[:, None]", "rn[None, :]", ind)
-        val = self._epilogue(node, "acc", "mask", ind, lines)
+        val = self._epilogue(node, "acc", "mask", ind, lines, self._axis_masks(node))
         lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
                      f"{self._stored(val, dtype)}, mask=mask)")
         grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn) * when,

@@ -178,6 +178,12 @@ def test_bfloat16_kernels_match_eager_in_the_interpreter(name, path, shape):
     with torch.no_grad():
         want = module.double()(x.double() if x.is_floating_point() else x)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    if name == "hf_gpt2":  # its GELU's tanh: tanh.approx in bfloat16 (the cubins built with it), libdevice otherwise
+        with zipfile.ZipFile(out) as z:
+            src = z.read("src/cuda/model_triton.py").decode()
+        assert "_tanh_approx(" in src.split("def _argmin")[1] and "libdevice.tanh(" not in src
+        with zipfile.ZipFile(built_cuda(str(path))) as z:
+            assert "libdevice.tanh(" in z.read("src/cuda/model_triton.py").decode()
 
 
 class _RowOps(torch.nn.Module):
