@@ -134,10 +134,32 @@ class Device:
         self.make_current()
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
 
-    def build_graph(self, launches) -> tuple:
+    def event(self):
+        """An event without timing data (the cheaper kind to record and wait on)."""
+        flags = self.cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return check(self.cu.cuEventCreate(flags), "cuEventCreate")
+
+    def record(self, event, stream: int) -> None:
+        check(self.cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def wait_event(self, stream: int, event) -> None:
+        """Make ``stream``'s later work wait for ``event`` (on the GPU; the host does not block)."""
+        check(self.cu.cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+    def event_synchronize(self, event) -> None:
+        check(self.cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def destroy_event(self, event) -> None:
+        check(self.cu.cuEventDestroy(event), "cuEventDestroy")
+
+    def build_graph(self, launches, probe=None) -> tuple:
         """A graph of kernel nodes that run one after another (what capturing ``launches``, tuples of (function,
         grid, threads, shared, params address), on one stream would give), instantiated; with each node and its
-        parameter struct, so that a replay can point a node at other buffers (``set_kernel_node``)."""
+        parameter struct, so that a replay can point a node at other buffers (``set_kernel_node``).
+
+        ``probe`` = (index, device src, pinned host dst, bytes, event): a branch off launch ``index`` that copies
+        src to dst and then records the event, while the launches after it go on; waiting for the event then
+        waits for that launch only, not for the whole graph."""
         cu = self.cu
         graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
         nodes, after = [], []
@@ -151,6 +173,16 @@ class Device:
             node = check(cu.cuGraphAddKernelNode(graph, after, len(after), p), "cuGraphAddKernelNode")
             nodes.append((node, p))
             after = [node]
+        if probe is not None:
+            index, src, dst, nbytes, event = probe
+            c = cu.CUDA_MEMCPY3D()
+            c.srcMemoryType, c.srcDevice = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE, src
+            c.dstMemoryType, c.dstHost = cu.CUmemorytype.CU_MEMORYTYPE_HOST, dst
+            c.WidthInBytes, c.Height, c.Depth = nbytes, 1, 1
+            c.srcPitch = c.dstPitch = nbytes
+            c.srcHeight = c.dstHeight = 1
+            copy = check(cu.cuGraphAddMemcpyNode(graph, [nodes[index][0]], 1, c, self.context), "cuGraphAddMemcpyNode")
+            check(cu.cuGraphAddEventRecordNode(graph, [copy], 1, event), "cuGraphAddEventRecordNode")
         return graph, check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"), nodes
 
     def set_kernel_node(self, graph_exec, node, params) -> None:

@@ -156,11 +156,38 @@ def test_runs_on_the_callers_stream():
 
 def test_out_of_range_index_raises():
     model = L.load(package("decoder"), device="cuda")
-    ids = torch.tensor([[1, 2, 10**6]], device="cuda")
-    with pytest.raises(E.RuntimeKernelError, match="out of range"):
-        model(ids)
+    direct = L.load(package("decoder"), device="cuda", graphs=False)
     ok = torch.tensor([[1, 2, 3]], device="cuda")
-    model(ok)  # the error word was reset
+    want = direct(ok)
+    torch.testing.assert_close(model(ok), want, rtol=0, atol=0)
+    # the graph waits only for its copy of the error word after the last kernel that reads indices
+    assert next(iter(model._graph_cache.values())).probed
+    for m in (model, direct):  # a replay of that graph, and direct launches
+        with pytest.raises(E.RuntimeKernelError, match="out of range"):
+            m(torch.tensor([[1, 2, 10**6]], device="cuda"))
+        torch.testing.assert_close(m(ok), want, rtol=0, atol=0)  # the error word was reset
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_calls_on_two_streams_do_not_overlap(graphs):
+    """A call returns before its kernels finish; the next call on another stream waits for them (the graph's
+    staging and the workspace are the model's, not the call's)."""
+    model = L.load(package("mlp"), device="cuda", graphs=graphs)
+    rng = np.random.default_rng(5)
+    # misaligned views, which every call copies into the model's own memory before its kernels read them
+    flat = [torch.from_numpy(rng.standard_normal(1024 * 64 + 1).astype(np.float32)).cuda() for _ in range(6)]
+    xs = [f[1:].view(1024, 64) for f in flat]
+    want = [model(x).clone() for x in xs]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    got = []
+    for i, x in enumerate(xs):
+        with torch.cuda.stream(streams[i % 2]):
+            torch.cuda._sleep(2_000_000)  # both streams busy ~1 ms: unordered, their calls would run together
+            got.append(model(x))
+    torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 def test_guards_on_gpu():
