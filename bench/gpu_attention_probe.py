@@ -3,13 +3,18 @@
 the kernel codegen_triton.py generates, timed with triton.testing.do_bench, with the relative error against
 float32 SDPA. PV16: 0 = float32 P in a tf32 dot, 1 = P rounded to bf16 (flash attention), 2 = P as bf16 hi + lo
 in two dots (what the codegen does). SKIP: skip key blocks whose mask is all -inf. OUTL: write the output as
-[batch, seq, heads, d], the layout the projection reads. Results: bench/results/*-gpt2-b8-where-time-goes.md."""
+[batch, seq, heads, d], the layout the projection reads. `--mask --graph`: the mask read from its buffer against
+computed from the positions in the kernel, with the sequence length specialised as divisible by 16 (Triton's JIT)
+or not (what a package's ahead-of-time build knows), timed in a CUDA graph of 12 launches.
+Results: bench/results/*-gpt2-b8-where-time-goes.md, *-gpt2-b8-kernels.md."""
+import sys
 import torch, triton, triton.language as tl
 from triton.testing import do_bench
 
-@triton.jit
-def attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PV16: tl.constexpr,
-         SKIP: tl.constexpr, OUTL: tl.constexpr):
+from bench.gpu_split_k_probe import graph_us
+
+def _attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PV16: tl.constexpr,
+         SKIP: tl.constexpr, OUTL: tl.constexpr, MASKGEN: tl.constexpr = False):
     M = S; N = S; D: tl.constexpr = 64
     pid = tl.program_id(0); bid = tl.program_id(1)
     b = bid // H; h = bid % H
@@ -21,7 +26,10 @@ def attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
     for kk in range(0, tl.cdiv(N, BN)):
         rn = kk * BN + rn0
         smask = (rm[:, None] < M) & (rn[None, :] < N)
-        mk = tl.load(maskb + b * S * S + rm[:, None] * S + rn[None, :], mask=smask, other=0)
+        if MASKGEN:  # the causal mask computed from the positions instead of read from its buffer
+            mk = tl.where(rn[None, :] <= rm[:, None], 0.0, float('-inf'))
+        else:
+            mk = tl.load(maskb + b * S * S + rm[:, None] * S + rn[None, :], mask=smask, other=0)
         go = True
         if SKIP:
             go = tl.max(tl.max(mk, 1), 0) > float('-inf')
@@ -50,6 +58,9 @@ def attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr
     else:     # [batch*head, seq, d]
         tl.store(out + bid * M * D + rm[:, None] * D + rd[None, :], acc.to(tl.bfloat16), mask=rm[:, None] < M)
 
+attn = triton.jit(_attn)
+attn_ns = triton.jit(_attn, do_not_specialize=["S"])  # as the package's AOT build sees a symbol: no divisibility
+
 B, S, H, D = 8, 128, 12, 64
 qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=torch.bfloat16)
 causal = torch.full((S, S), float("-inf"), device="cuda").triu(1)
@@ -59,19 +70,28 @@ ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.f
 sdpa = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
 print(f"torch sdpa (bf16, is_causal) {sdpa*1e3:.1f} us", flush=True)
 res = []
-def trial(BM, BN, warps, stages, PV16, SKIP, OUTL):
+def trial(BM, BN, warps, stages, PV16, SKIP, OUTL, MASKGEN=False, kernel=None):
     out = torch.empty(B * S * H * D, device="cuda", dtype=torch.bfloat16)
     grid = (triton.cdiv(S, BM), B * H)
-    fn = lambda: attn[grid](qkv, maskb, out, S, H, BM, BN, PV16, SKIP, OUTL, num_warps=warps, num_stages=stages)
+    fn = lambda: (kernel or attn)[grid](qkv, maskb, out, S, H, BM, BN, PV16, SKIP, OUTL, MASKGEN, num_warps=warps,
+                            num_stages=stages)
     try:
         fn()
         got = out.view(B, S, H, D).transpose(1, 2) if OUTL else out.view(B, H, S, D)
         err = ((got.float() - ref).norm() / ref.norm()).item()
-        t = do_bench(fn)
+        t = graph_us([fn] * 12) / 1e3 if "--graph" in sys.argv else do_bench(fn)
     except Exception as e:
         print((BM, BN, warps, stages, PV16, SKIP, OUTL), "failed", str(e)[:100]); return
     r = (t, (BM, BN, warps, stages), dict(pv16=PV16, skip=SKIP, outl=OUTL), round(err, 5))
     res.append(r); return r
+if "--mask" in sys.argv:  # the mask read from memory against computed in the kernel, timed as in the model
+    for cfg in ((64, 64, 4, 2), (64, 128, 4, 1), (64, 128, 4, 2)):
+        for MASKGEN in (False, True):
+            for name, kernel in (("seq divisible by 16", attn), ("seq unspecialised", attn_ns)):
+                r = trial(*cfg, 2, 0, 0, MASKGEN, kernel)
+                print(f"{r[0]*1e3:6.2f} us {r[1]} split P, mask {'computed' if MASKGEN else 'loaded'}, {name}, "
+                      f"relerr {r[3]}", flush=True)
+    sys.exit()
 for cfg in ((64, 64, 4, 2), (64, 128, 4, 1), (128, 128, 8, 2), (64, 64, 4, 1), (32, 64, 4, 2)):
     for PV16 in (0, 1, 2):
         r = trial(*cfg, PV16, 0, 0)

@@ -1,6 +1,7 @@
 """Probe (`python -m bench.gpu_call_overhead_probe` on a GPU machine, after `python -m bench.gpu_gpt2` has left
 /tmp/gpt2.tcpkg): what a call costs beyond its kernels. For GPT-2 small it times the call with the index check
-(waiting on the stream, on an event, or by polling the event) and without it. It also times the host's phases
+(the default: waiting for the copy of the error word that the graph makes after its last index-reading kernel;
+or, after the whole graph, waiting on the stream, on an event, or by polling the event) and without it. It also times the host's phases
 before the graph launch: binding and guards, output allocation, and the replay itself.
 Results: bench/results/*-gpt2-b8-where-time-goes.md."""
 import time, sys, os
@@ -21,17 +22,20 @@ model = L.load("/tmp/gpt2.tcpkg", device="cuda")
 cu = model.device.cu
 ev = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "ev")
 orig = model._raise_on_bad_index
-def via_event(stream, kernels=None):
+def full_wait(stream, kernels=None, probed=False):  # a queued copy after the whole graph, then a stream wait
+    orig(stream, kernels)
+def via_event(stream, kernels=None, probed=False):
     model.device.download_async(model._error_host, model._error, 4, stream)
     check(cu.cuEventRecord(ev, stream), "rec"); check(cu.cuEventSynchronize(ev), "sync")
-def via_poll(stream, kernels=None):
+def via_poll(stream, kernels=None, probed=False):
     model.device.download_async(model._error_host, model._error, 4, stream)
     check(cu.cuEventRecord(ev, stream), "rec")
     while int(cu.cuEventQuery(ev)[0]) != 0: pass
-def none(stream, kernels=None): pass
+def none(stream, kernels=None, probed=False): pass
 for batch in (1, 8):
     (ids,) = bm.inputs(batch); ids = ids.cuda()
-    for name, fn in (("stream-sync", orig), ("event-sync", via_event), ("poll", via_poll), ("no check", none), ("stream-sync", orig)):
+    for name, fn in (("early", orig), ("stream-sync", full_wait), ("event-sync", via_event), ("poll", via_poll),
+                     ("no check", none), ("early", orig)):
         model._raise_on_bad_index = fn
         t = timed(lambda: model(ids))
         t0 = time.perf_counter()

@@ -269,5 +269,37 @@ def sweep():
               "; ".join(f"{t:.2f} {l}" for t, l in res if l in ("64x64x128 w4 s3", "cublas")), flush=True)
 
 
+def sweep_wide():
+    """Tiles x stages for the QKV projection, the MLP up-projection and the LM head (its weight stored [N, K])."""
+    import itertools
+
+    shapes = {"qkv": (1024, 2304, 768, False), "fc1": (1024, 3072, 768, False), "head": (1024, 50257, 768, True)}
+    for name, (M, N, K, wt) in shapes.items():
+        layers = 1 if wt else 12
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        ws = [torch.randn(*((N, K) if wt else (K, N)), device="cuda", dtype=torch.bfloat16) * 0.05
+              for _ in range(layers)]
+        bias = torch.zeros(N, device="cuda", dtype=torch.bfloat16)
+        cs = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
+        ref = a.float() @ (ws[-1].float().t() if wt else ws[-1].float())
+        res = []
+        tiles = ((128, 256, 64, 8), (128, 128, 64, 4), (128, 128, 64, 8), (256, 128, 64, 8), (64, 256, 64, 4),
+                 (64, 256, 64, 8)) if wt else \
+            ((64, 128, 64, 4), (128, 128, 64, 8), (128, 64, 64, 4), (64, 256, 64, 4), (64, 64, 128, 4))
+        for (bm, bn, bk, warps), stages in itertools.product(tiles, (3, 4, 5)):
+            grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+            fns = [lambda w=w, c=c: mm_tile[grid](a, w, c, bias, M, N, K, bm, bn, bk, 8, False, wt, num_warps=warps,
+                                                  num_stages=stages) for w, c in zip(ws, cs)]
+            try:
+                fns[-1]()
+            except triton.runtime.errors.OutOfResources:
+                continue
+            err = ((cs[-1].float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (name, bm, bn, bk, warps, stages, err)
+            res.append((graph_us(fns * (4 if wt else 1)), f"{bm}x{bn}x{bk} w{warps} s{stages}"))
+        res.sort()
+        print(f"{name}: " + "; ".join(f"{t:.2f} {l}" for t, l in res[:10]), flush=True)
+
+
 if __name__ == "__main__":
-    sweep() if "--sweep" in sys.argv else main()
+    sweep() if "--sweep" in sys.argv else sweep_wide() if "--sweep-wide" in sys.argv else main()
