@@ -69,7 +69,20 @@ def _load_module(source: str, folder: Path, write: bool = True):
     return module
 
 
+# the most shared memory a block may opt into, per arch (CUDA programming guide, compute capabilities table);
+# an arch not listed gets the smallest of the current ones
+SHARED_LIMIT = {70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
+                89: 99 * 1024, 90: 227 * 1024}
+
+
+def shared_limit(arch: int) -> int:
+    return SHARED_LIMIT.get(arch, 99 * 1024)
+
+
 def _compile_one(module, launch: Launch, arch: int) -> Cubin:
+    """One kernel for one arch. The tiles' pipeline depth is chosen for an H100/H200 (228 KB of shared memory a
+    block); an arch with less (sm_86 and sm_89 have 99 KB) gets the same kernel with fewer stages, down to one,
+    instead of a cubin that would fail to launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,13 +91,23 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
     names = list(launch.signature)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in launch.signature.items() if t.startswith("*")}
     src = ASTSource(fn=fn, signature=dict(launch.signature), constexprs=dict(launch.constexprs), attrs=attrs)
-    try:
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                           options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-    except Exception as e:  # noqa: BLE001 - Triton raises many types; all mean the same thing here
-        raise BuildError(f"Triton failed to compile kernel {launch.name} for sm_{arch} (a tcexport bug; please "
-                         f"report it with the generated source from --dump):\n{type(e).__name__}: {str(e)[-3000:]}") from e
+    stages = launch.num_stages
+    while True:
+        try:
+            k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                               options={"num_warps": launch.num_warps, "num_stages": stages})
+        except Exception as e:  # noqa: BLE001 - Triton raises many types; all mean the same thing here
+            raise BuildError(f"Triton failed to compile kernel {launch.name} for sm_{arch} (a tcexport bug; please "
+                             f"report it with the generated source from --dump):\n{type(e).__name__}: "
+                             f"{str(e)[-3000:]}") from e
+        if k.metadata.shared <= shared_limit(arch) or stages == 1:
+            break
+        stages -= 1
     md = k.metadata
+    if md.shared > shared_limit(arch):
+        raise BuildError(f"kernel {launch.name} needs {md.shared} bytes of shared memory on sm_{arch}, which allows "
+                         f"{shared_limit(arch)}, even with a one-stage pipeline. Build for another arch, or report "
+                         "it with the generated source from --dump.")
     _check_abi(launch, k.asm["ptx"], md)
     return Cubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
                  md.global_scratch_size, md.global_scratch_align)
@@ -115,7 +138,7 @@ def cubin_arch(data: bytes) -> int:
 
 def _cache_key(source: str, launch: Launch, arch: int) -> str:
     text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
-                       sorted(launch.constexprs.items())])
+                       sorted(launch.constexprs.items()), shared_limit(arch)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -69,6 +69,20 @@ def test_cubins_for_each_arch_with_cpu_alongside():
     np.testing.assert_allclose(L.load(path)(x), _eager(str(EXAMPLES / "mlp.py"), [x])[0], rtol=1e-4, atol=1e-5)
 
 
+def test_each_arch_gets_kernels_that_fit_its_shared_memory():
+    """The tiles' pipelines are as deep as an H100/H200 allows (a 16-bit GEMM of many rows: 5 stages, 120 KB);
+    sm_86 (99 KB a block) gets the same kernels with fewer stages, not cubins that would fail to launch."""
+    from tcexport.exporter.build_cuda import shared_limit
+
+    x = torch.randn(8, 768).to(torch.bfloat16)
+    pkg = export(torch.nn.Linear(768, 768).to(torch.bfloat16), (x,), {"input": {0: ("batch", 1, 2048)}},
+                 "cuda:sm_86,sm_90", name="linear_bf16", cache_dir=WORK / "cache")
+    shared = {int(b.target.split("_")[1]): {c.kernel: c.shared for c in b.cubins} for b in pkg.manifest.kernels}
+    assert max(shared[90].values()) > shared_limit(86)
+    assert max(shared[86].values()) <= shared_limit(86)
+    assert shared[86].keys() == shared[90].keys()
+
+
 def test_cuda_rebuild_is_byte_identical():
     a = built_cuda(str(EXAMPLES / "mlp.py"), "cuda:sm_80", cache="cache-a")
     b = built_cuda(str(EXAMPLES / "mlp.py"), "cuda:sm_80", cache="cache-b")
