@@ -7,9 +7,8 @@ generated kernel without a GPU; users can use it to debug a GPU package on a lap
 package's training entry points run the same way (``InterpretedPackage.train``, ``run_training_interpreted``):
 the training forward's launches, then the backward's over the forward's inputs, outputs and saved activations.
 
-libdevice calls (and bfloat16's inline-PTX tanh) have no interpreter implementation, so while interpreting,
-the module's ``libdevice`` and ``_tanh_approx`` are replaced by numpy versions; everything else is the source
-the cubins were built from.
+libdevice calls have no interpreter implementation, so while interpreting, the module's ``libdevice`` is
+replaced by numpy versions of the same functions; everything else is the source the cubins were built from.
 
 Triton decides at import time whether its own library functions are interpreted, so the interpreter needs a
 process in which ``TRITON_INTERPRET=1`` was set before triton was imported: ``run_interpreted`` starts one
@@ -112,7 +111,7 @@ def _patch_bf16_dot() -> None:
 
 
 def load_module(source: str):
-    """Import generated Triton source in interpreter mode, with numpy libdevice (and tanh)."""
+    """Import generated Triton source in interpreter mode, with numpy libdevice."""
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("the Triton interpreter needs TRITON_INTERPRET=1 before triton is imported; "
                            "use run_interpreted(), which starts such a process")
@@ -126,7 +125,6 @@ def load_module(source: str):
         spec.loader.exec_module(module)
         _patch_bf16_dot()
     module.libdevice = _NumpyLibdevice()
-    module._tanh_approx = module.libdevice.tanh  # inline PTX does not run in the interpreter
     return module
 
 
