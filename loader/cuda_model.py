@@ -327,7 +327,10 @@ class CudaModel:
         if self._checked and self.check_indices:
             self._raise_on_bad_index(stream, probed=probed)
         if values and all(m.host for m in metas):
-            outs = [o.numpy() for o in outs]  # DeviceArray.numpy waits for the copy (a synchronous download)
+            # the early index check may have returned while the kernels run on; a synchronous download only
+            # waits for the legacy stream, not for a non-blocking one passed as stream=
+            self.device.synchronize(stream)
+            outs = [o.numpy() for o in outs]
         return outs[0] if self._single else tuple(outs)
 
     def _new_outputs(self, values, env, specs=None) -> list:
