@@ -1,7 +1,8 @@
-"""Probe (`python -m bench.gpu_epilogue_probe` on a GPU machine): what GPT-2's GEMM epilogues cost at batch 8 (M=1024, bf16, 64x128x64 and 64x64x128 tiles), timed in a
-CUDA graph of 12 launches with 12 weights. Variants: the bias as a [BN] row vs the generated code's full-tile load
-with indices decomposed per element (division by the runtime seq length); GELU (tanh form) with libdevice.tanh,
-tanh.approx.f32, and exp; the residual add indexed per element vs per row.
+"""Probe (`python -m bench.gpu_epilogue_probe` on a GPU machine): what GPT-2's GEMM epilogues cost at batch 8
+(M=1024, bf16, 64x128x64 and 64x64x128 tiles), timed in a CUDA graph of 12 launches with 12 weights. Variants:
+the bias as a [BN] row vs the generated code's full-tile load with indices decomposed per element (division by
+the runtime seq length); GELU (tanh form) with libdevice.tanh, tanh.approx.f32, and exp; the residual add indexed
+per element vs per row. Results: bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md.
 TRITON_INTERPRET=1 python -m bench.gpu_epilogue_probe --check"""
 import sys
 import torch, triton, triton.language as tl
