@@ -70,7 +70,7 @@ def _load_module(source: str, folder: Path, write: bool = True):
 
 
 # the most shared memory a block may opt into, per arch (CUDA programming guide, compute capabilities table);
-# an arch not listed gets the smallest of the current ones
+# an arch not listed (a newer one) gets 99 KB, what consumer GPUs since sm_86 allow
 SHARED_LIMIT = {70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
                 89: 99 * 1024, 90: 227 * 1024}
 
