@@ -8,7 +8,7 @@ import sys
 import torch, triton, triton.language as tl
 from triton.language.extra import libdevice
 
-from bench.gpu_split_k_probe import graph_us
+from bench.gpu_split_k_probe import _tile, graph_us
 
 CHECK = "--check" in sys.argv
 DEV = "cpu" if CHECK else "cuda"
@@ -23,11 +23,7 @@ def _tanh_approx(x):
 @triton.jit
 def mm_epi(A, W, C, bias, R, M, N, K, seq, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            GROUP_M: tl.constexpr, ROWS: tl.constexpr, GELU: tl.constexpr, RES: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM); num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n; first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m; pid_n = (pid % group) // group_m
+    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), tl.float32)
     for kk in range(0, tl.cdiv(K, BK)):

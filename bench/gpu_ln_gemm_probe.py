@@ -7,6 +7,8 @@ TRITON_INTERPRET=1 python -m bench.gpu_ln_gemm_probe --check   # correctness on 
 import sys
 import torch, triton, triton.language as tl
 
+from bench.gpu_split_k_probe import _tile
+
 CHECK = "--check" in sys.argv
 DEV = "cpu" if CHECK else "cuda"
 DT = torch.float16 if CHECK else torch.bfloat16  # the interpreter (Triton 3.9) misreads bf16 torch tensors
@@ -27,11 +29,7 @@ def ln_rows(X, G, Bt, Y, M, K: tl.constexpr, KP: tl.constexpr, XB: tl.constexpr,
 @triton.jit
 def mm(A, W, C, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
        GROUP_M: tl.constexpr, LN: tl.constexpr, G, Bt, EPS: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BM); num_n = tl.cdiv(N, BN)
-    group = GROUP_M * num_n; first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m; pid_n = (pid % group) // group_m
+    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
     if LN:  # first pass: the rows' mean and rstd (the block's rows, all of K, from L2)
         s1 = tl.zeros((BM,), tl.float32); s2 = tl.zeros((BM,), tl.float32)

@@ -21,6 +21,16 @@ def _tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _k_steps(A, W, acc, rm, rn, rk, k0, k1, M, N, K, BK: tl.constexpr):
+    """acc plus A[rm, k] @ W[k, rn] over k-steps k0..k1 (weights [K, N]), edges masked."""
+    for kk in range(k0, k1):
+        a = tl.load(A + rm[:, None] * K + kk * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
+        b = tl.load(W + (kk * BK + rk[:, None]) * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def mm_tile(A, W, C, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
             MOD: tl.constexpr = False, WT: tl.constexpr = False):
     """MOD: rows and columns past the edge load a wrapped-around (valid) element instead of being masked, and only
@@ -68,11 +78,7 @@ def mm_streamk(A, W, C, bias, WS, CNT, M, N, K, BM: tl.constexpr, BN: tl.constex
         k1 = tl.minimum(iters, end - tile * iters)
         pid_m, pid_n = _tile(tile, num_m, num_n, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), tl.float32)
-        for kk in range(k0, k1):
-            a = tl.load(A + rm[:, None] * K + kk * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
-            b = tl.load(W + (kk * BK + rk[:, None]) * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
-            acc = tl.dot(a, b, acc)
+        acc = _k_steps(A, W, tl.zeros((BM, BN), tl.float32), rm, rn, rk, k0, k1, M, N, K, BK)
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         ws = WS + rm[:, None] * N + rn[None, :]
         done = True
@@ -102,11 +108,7 @@ def mm_serial(A, W, C, bias, WS, CNT, M, N, K, S: tl.constexpr, BM: tl.constexpr
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
     k0 = s * iters // S
     k1 = (s + 1) * iters // S
-    acc = tl.zeros((BM, BN), tl.float32)
-    for kk in range(k0, k1):
-        a = tl.load(A + rm[:, None] * K + kk * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
-        b = tl.load(W + (kk * BK + rk[:, None]) * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
-        acc = tl.dot(a, b, acc)
+    acc = _k_steps(A, W, tl.zeros((BM, BN), tl.float32), rm, rn, rk, k0, k1, M, N, K, BK)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     tl.store(WS + s * M * N + rm[:, None] * N + rn[None, :], acc, mask=mask)
     tl.debug_barrier()
