@@ -2,7 +2,8 @@
 /tmp/gpt2.tcpkg): what a call costs beyond its kernels. For GPT-2 small it times the call with the index check
 (the default: waiting for the copy of the error word that the graph makes after its last index-reading kernel;
 or, after the whole graph, waiting on the stream, on an event, or by polling the event) and without it. It also times the host's phases
-before the graph launch: binding and guards, output allocation, and the replay itself.
+before the graph launch: binding and guards, output allocation, and the replay itself; and the graph replayed
+alone (the GPU floor of a call), with programmatic and with ordinary edges between its kernels.
 Results: bench/results/*-gpt2-b8-where-time-goes.md."""
 import time, sys, os
 sys.path.insert(0, os.getcwd())
@@ -53,3 +54,14 @@ for batch in (1, 8):
         t3 = time.perf_counter(); ph["bind"] += t1 - t0; ph["outputs"] += t2 - t1; ph["graph"] += t3 - t2
         torch.cuda.synchronize()
     print(f"batch {batch} host phases (us): " + ", ".join(f"{k} {v / 200 * 1e6:.1f}" for k, v in ph.items()), flush=True)
+    # the graph replayed alone, with no Python before it: the GPU floor of a call (bare replay), and the same
+    # with ordinary edges between the kernels instead of programmatic ones (each kernel starts after the last)
+    g = model._graph_cache[(tuple(ids.shape),)]
+    stream = torch.cuda.current_stream().cuda_stream
+    bare = timed(lambda: model.device.graph_launch(g.graph_exec, stream))
+    ordered = L.load("/tmp/gpt2.tcpkg", device="cuda", dependent_launch=False)
+    ordered(ids)
+    og = ordered._graph_cache[(tuple(ids.shape),)]
+    bare_ordered = timed(lambda: ordered.device.graph_launch(og.graph_exec, stream))
+    print(f"batch {batch} bare replay {bare:7.1f} us, with ordinary edges {bare_ordered:7.1f} us", flush=True)
+    ordered.close()

@@ -153,7 +153,7 @@ class Bench:
         module, fn = self.device.load_function(cubin.data, cubin.function, cubin.shared)
         self.modules.append(module)
         return [_Kernel(k.name, fn, cubin.num_warps * 32, cubin.shared, k.params,
-                        tuple(to_expr(g) for g in regen[k.name].grid), k.symbol_kind)
+                        tuple(to_expr(g) for g in regen[k.name].grid), k.symbol_kind, cubin.dependent)
                 for k in old]
 
     def close(self) -> None:

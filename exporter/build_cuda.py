@@ -2,7 +2,8 @@
 
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` needs no GPU. Pointer parameters are
 declared 16-byte aligned (the loader guarantees it: arena and weight offsets are 256-byte aligned and it
-copies a misaligned input), which lets Triton vectorise loads. Line info is off so no build path reaches the
+copies a misaligned input), which lets Triton vectorise loads; so are the symbols of a launch's ``aligned``
+(a variant that only runs where they are multiples of 16, codegen_triton.TritonWriter._unaligned). Line info is off so no build path reaches the
 binary, and results are cached by content (source, kernel, arch, Triton version), like the C++ build.
 """
 
@@ -36,6 +37,7 @@ class Cubin:
     num_warps: int
     global_scratch: int   # bytes of global scratch per program (0 for every kernel tcexport generates today)
     global_scratch_align: int
+    dependent: bool = False  # compiled with DEPENDENT: it may be launched as a programmatic dependent (sm_90+)
 
 
 def parse_arch(target: str) -> list[int]:
@@ -75,6 +77,10 @@ SHARED_LIMIT = {70: 96 * 1024, 72: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86:
                 89: 99 * 1024, 90: 227 * 1024}
 
 
+# griddepcontrol (programmatic dependent launch) is PTX for sm_90 and later: older archs' kernels leave it out
+DEPENDENT_ARCH = 90
+
+
 def shared_limit(arch: int) -> int:
     return SHARED_LIMIT.get(arch, 99 * 1024)
 
@@ -89,8 +95,11 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
 
     fn = getattr(module, launch.name)
     names = list(launch.signature)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in launch.signature.items() if t.startswith("*")}
-    src = ASTSource(fn=fn, signature=dict(launch.signature), constexprs=dict(launch.constexprs), attrs=attrs)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in launch.signature.items()
+             if t.startswith("*") or n in launch.aligned}
+    dependent = arch >= DEPENDENT_ARCH
+    src = ASTSource(fn=fn, signature={**launch.signature, "DEPENDENT": "constexpr"},
+                    constexprs={**launch.constexprs, "DEPENDENT": dependent}, attrs=attrs)
     stages = launch.num_stages
     while True:
         try:
@@ -108,14 +117,18 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
         raise BuildError(f"kernel {launch.name} needs {md.shared} bytes of shared memory on sm_{arch}, which allows "
                          f"{shared_limit(arch)}, even with a one-stage pipeline. Build for another arch, or report "
                          "it with the generated source from --dump.")
-    _check_abi(launch, k.asm["ptx"], md)
+    _check_abi(launch, k.asm["ptx"], md, dependent)
     return Cubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
-                 md.global_scratch_size, md.global_scratch_align)
+                 md.global_scratch_size, md.global_scratch_align, dependent)
 
 
-def _check_abi(launch: Launch, ptx: str, md) -> None:
+def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
     """The loader passes the non-constexpr parameters in order, then two null scratch pointers; a Triton whose
-    kernels take anything else (or need global scratch) cannot be packaged by this tcexport."""
+    kernels take anything else (or need global scratch) cannot be packaged by this tcexport. A kernel marked
+    dependent must wait for the grid before it, or the loader's programmatic edges would race."""
+    if dependent and "griddepcontrol.wait" not in ptx:
+        raise BuildError(f"kernel {launch.name}: compiled with DEPENDENT but its PTX has no griddepcontrol.wait "
+                         f"(Triton {triton_version()}); use the Triton version pinned in pyproject.toml")
     entry = ptx[ptx.index(".entry"):]
     entry = entry[:entry.index(")")]
     n_params = entry.count(".param")
@@ -138,7 +151,7 @@ def cubin_arch(data: bytes) -> int:
 
 def _cache_key(source: str, launch: Launch, arch: int) -> str:
     text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
-                       sorted(launch.constexprs.items()), shared_limit(arch)])
+                       sorted(launch.constexprs.items()), shared_limit(arch), list(launch.aligned)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -157,7 +170,7 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
                 m = json.loads(meta.read_text())
                 out.setdefault(arch, []).append(Cubin(launch.name, arch, data.read_bytes(), m["function"],
                                                       m["shared"], m["num_warps"], m["global_scratch"],
-                                                      m["global_scratch_align"]))
+                                                      m["global_scratch_align"], m.get("dependent", False)))
             else:
                 out.setdefault(arch, []).append(None)
                 todo.append((arch, len(out[arch]) - 1, launch, key))
@@ -173,7 +186,8 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
             write_atomically(cache / f"{key}.cubin", c.data)
             write_atomically(cache / f"{key}.json", json.dumps(
                 {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
-                 "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align}).encode())
+                 "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align,
+                 "dependent": c.dependent}).encode())
     return out
 
 
@@ -187,7 +201,8 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
         spec = Path(tmp) / f"jobs{k}.json"
         spec.write_text(json.dumps([{"path": p, "arch": a, "name": l.name, "signature": l.signature,
                                      "constexprs": l.constexprs, "num_warps": l.num_warps,
-                                     "num_stages": l.num_stages} for p, l, a in chunk]))
+                                     "num_stages": l.num_stages, "aligned": list(l.aligned)}
+                                    for p, l, a in chunk]))
         procs.append(subprocess.Popen([sys.executable, "-m", "tcexport.exporter.build_cuda", str(spec)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     by_job = {}
@@ -198,7 +213,7 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
         results = json.loads((Path(tmp) / f"jobs{k}.json.out").read_text())
         for job, r in zip(chunk, results):
             by_job[id(job)] = Cubin(r["kernel"], r["arch"], bytes.fromhex(r["data"]), r["function"], r["shared"],
-                                    r["num_warps"], r["global_scratch"], r["global_scratch_align"])
+                                    r["num_warps"], r["global_scratch"], r["global_scratch_align"], r["dependent"])
     return [by_job[id(job)] for job in jobs]
 
 
@@ -206,7 +221,8 @@ def _worker_main(spec_path: str) -> int:
     jobs = json.loads(Path(spec_path).read_text())
     out = []
     for j in jobs:
-        launch = Launch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"])
+        launch = Launch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"],
+                        aligned=tuple(j["aligned"]))
         try:
             c = _compile_job((j["path"], launch, j["arch"]))
         except BuildError as e:
@@ -214,7 +230,7 @@ def _worker_main(spec_path: str) -> int:
             return 1
         out.append({"kernel": c.kernel, "arch": c.arch, "data": c.data.hex(), "function": c.function,
                     "shared": c.shared, "num_warps": c.num_warps, "global_scratch": c.global_scratch,
-                    "global_scratch_align": c.global_scratch_align})
+                    "global_scratch_align": c.global_scratch_align, "dependent": c.dependent})
     Path(spec_path + ".out").write_text(json.dumps(out))
     return 0
 

@@ -41,6 +41,7 @@ PRELUDE = '''\
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -171,11 +172,13 @@ class Launch:
     num_stages: int
     source: str = ""
     index_bits: int = 32  # width of index arithmetic, and of the symbol parameters
+    aligned: tuple = ()  # symbol parameters this launch runs with multiples of ALIGN only (compiled knowing it)
 
     def describe(self) -> str:
         grid = ", ".join(map(str, self.grid))
         cfg = ", ".join(f"{k}={v}" for k, v in self.constexprs.items())
-        return f"{self.name}: grid ({grid}), {cfg}, warps={self.num_warps}, stages={self.num_stages}"
+        aligned = f", {'/'.join(self.aligned)} % {ALIGN} == 0" if self.aligned else ""
+        return f"{self.name}: grid ({grid}), {cfg}, warps={self.num_warps}, stages={self.num_stages}{aligned}"
 
 
 def symbol_bounds(prog: ir.Program) -> dict:
@@ -258,8 +261,9 @@ def _cast_python(value, dtype: str):
 class Emitter:
     """Renders values into statements, one temporary per distinct subexpression. ``mask`` guards every load."""
 
-    def __init__(self, w: "TritonWriter", registers: dict, indent: str, mask: str, axis_masks=()):
+    def __init__(self, w: "TritonWriter", registers: dict, indent: str, mask: str, axis_masks=(), col=None):
         self.w = w
+        self.col = col  # in a GEMM or attention tile: the index variable along its columns (its vector axis)
         self.registers = registers  # buffer -> variable holding its value at this position
         self.indent = indent
         self.mask = mask            # what loads are masked by: the block's mask, narrowed inside where()
@@ -296,6 +300,8 @@ class Emitter:
 
     def _load(self, buffer: str, flat, dtype: str) -> str:
         self.w.used.add(buffer)
+        if not isinstance(flat, str) and self.col is not None:
+            self.w.addresses.append((flat, self.col))
         offset = flat if isinstance(flat, str) else tindex(flat)
         if not isinstance(flat, str) and not sympy.sympify(flat).free_symbols:
             offset += BLOCK_ZERO[self.block_mask]  # a fixed element (a 0-d tensor) read by a whole block
@@ -449,6 +455,11 @@ class GemmConfig:
 
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 SMALL_M = 256  # rows up to which a GEMM takes its small-M variant (batch 1-2 of 128 tokens)
+# a kernel launched as a programmatic dependent (sm_90+, build_cuda compiles DEPENDENT in) starts while the one
+# before it finishes, and waits here until that one's writes are visible, before touching memory; it then lets the
+# next kernel start launching. Without the launch attribute both are no-ops; the interpreter never compiles them.
+DEPENDENT_HEAD = ["    if DEPENDENT:", "        gdc_wait()", "        gdc_launch_dependents()"]
+ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (TritonWriter._unaligned)
 
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False) -> GemmConfig:
@@ -559,24 +570,68 @@ class TritonWriter:
         self.tuned = tuned or {}
 
     def kernels(self, k: Kernel, first_id: int) -> list[Launch]:
-        """The launches of kernel ``k``, numbered from ``first_id`` (a GEMM may have a small-M variant): each
-        variant whose body is the first one's is an alias of it in the source, with a cubin of its own."""
-        if k.kind != "gemm":
-            launch = self._launch(k, first_id, k.name, lambda: self._attention(k) if k.kind == "attention"
-                                  else self._loops(k))
-            if k.when is not None:  # it runs for some shapes only (split_k.py)
-                launch.grid = (launch.grid[0] * k.when,) + tuple(launch.grid[1:])
-            return [launch]
-        launches = []
-        for n, (suffix, when, cfg) in enumerate(self._gemm_variants(k)):
+        """The launches of kernel ``k``, numbered from ``first_id``: a GEMM may have a small-M variant, and a GEMM
+        or attention kernel whose addresses scale with a shape symbol an aligned variant (``_aligned``). A variant
+        whose body is the first launch's is an alias of it in the source, with a cubin of its own."""
+        if k.kind == "gemm":
+            shapes = [(suffix, lambda name, cfg=cfg, when=when: self._gemm(k, self._tuned(name, "gemm", cfg), when))
+                      for suffix, when, cfg in self._gemm_variants(k)]
+        elif k.kind == "attention":
+            shapes = [("", lambda name: self._attention(k, name))]
+        else:
+            shapes = [("", lambda name: self._loops(k))]
+        launches: list[Launch] = []
+        for suffix, generate in shapes:
             name = k.name + suffix
-            if name in self.tuned:
-                cfg = tuned_config(name, "gemm", self.tuned[name], cfg)
-            launch = self._launch(k, first_id + n, name, lambda: self._gemm(k, cfg, when))
-            if launches and launch.source.replace(f"def {launch.name}(", f"def {k.name}(") == launches[0].source:
-                launch.source = f"{launch.name} = {launches[0].name}  # the same kernel, launched with other tiles\n"
-            launches.append(launch)
+            base = self._launch(k, first_id + len(launches), name, lambda: generate(name))
+            if k.when is not None and k.kind != "gemm":  # it runs for some shapes only (split_k.py)
+                base.grid = (base.grid[0] * k.when,) + tuple(base.grid[1:])
+            unaligned = sorted(self._unaligned(), key=str) if k.kind in TUNABLE else []
+            launches.append(self._alias(base, launches))
+            if not unaligned:
+                continue
+            odd = sympy.Min(1, sum(sympy.Mod(s, ALIGN) for s in unaligned))
+            aligned = self._launch(k, first_id + len(launches), name + "_a16", lambda: generate(name + "_a16"))
+            aligned.grid = (aligned.grid[0] * (1 - odd),) + tuple(base.grid[1:])
+            aligned.aligned = tuple(f"s_{s.name}" for s in unaligned)
+            base.grid = (base.grid[0] * odd,) + tuple(base.grid[1:])
+            launches.append(self._alias(aligned, launches))
         return launches
+
+    def _tuned(self, name: str, kind: str, heuristic):
+        return tuned_config(name, kind, self.tuned[name], heuristic) if name in self.tuned else heuristic
+
+    @staticmethod
+    def _alias(launch: Launch, launches: list) -> Launch:
+        """``launch`` as an alias line of the kernel's first def when its body is that one's."""
+        if launches and launch.source.replace(f"def {launch.name}(", f"def {launches[0].name}(") == launches[0].source:
+            why = f"compiled knowing {', '.join(launch.aligned)} multiples of {ALIGN}" if launch.aligned else \
+                "launched with other tiles"
+            launch.source = f"{launch.name} = {launches[0].name}  # the same kernel, {why}\n"
+        return launch
+
+    def _unaligned(self) -> set:
+        """The shape symbols that scale an address of the kernel just generated by a factor that is not a
+        multiple of ALIGN elements: a mask's row stride ``seq`` in ``i0*seq*seq + i2*seq + i3``. An ahead-of-time
+        build cannot know them divisible, so Triton loads such rows element by element (GPT-2's attention mask:
+        9.2 against 6.8 us a layer on an H200, bench/gpu_attention_probe.py --mask); the kernel gets a second
+        cubin compiled knowing them multiples of ALIGN (Triton's ``tt.divisibility``, what its JIT specialises on),
+        launched where they are."""
+        needs = []  # per unaligned term, the symbols scaling it: any one of them a multiple of ALIGN aligns it
+        for flat, col in self.addresses:
+            terms = sympy.Add.make_args(sympy.expand(sympy.sympify(flat)))
+            if col not in terms:  # not contiguous along the tile's columns: no vector loads either way
+                continue
+            for term in terms:
+                coeff, rest = term.as_coeff_Mul()
+                scaled = {f.base if f.is_Pow else f for f in sympy.Mul.make_args(rest)} & set(self.bounds)
+                if scaled and (not coeff.is_Integer or int(coeff) % ALIGN):
+                    needs.append(sorted(scaled, key=str))
+        out = {s[0] for s in needs if len(s) == 1}
+        for s in sorted(needs, key=len):
+            if not out & set(s):
+                out.add(s[0])
+        return out
 
     def _launch(self, k: Kernel, launch_id: int, name: str, generate) -> Launch:
         touched = {b for s in k.stages for b in s.node.inputs() | {s.node.out.name}}
@@ -585,6 +640,7 @@ class TritonWriter:
         self.names = itertools.count()
         self.used: set = set()
         self.checked = False
+        self.addresses: list = []  # (element offset, its tile's column variable) of the tile loads and stores
         self.kernel_id = launch_id
         body, grid, constexprs, warps, stages = generate()
         # in order of first use, so kernels with one code (a transformer's layers) take their buffers in one order
@@ -600,8 +656,8 @@ class TritonWriter:
             signature["tc_error"] = "*i32"
         signature.update({c: "constexpr" for c in constexprs})
         head = [f"# {line}" for line in str(k).splitlines()]
-        args = ", ".join(names + [f"{c}: tl.constexpr" for c in constexprs])
-        src = "\n".join(["@triton.jit", f"def {name}({args}):"] + body) + "\n"
+        args = ", ".join(names + [f"{c}: tl.constexpr" for c in constexprs] + ["DEPENDENT: tl.constexpr = False"])
+        src = "\n".join(["@triton.jit", f"def {name}({args}):"] + DEPENDENT_HEAD + body) + "\n"
         return Launch(name, params, signature, constexprs, grid, warps, stages, "\n".join(head) + "\n" + src,
                       self.bits)
 
@@ -765,6 +821,9 @@ class TritonWriter:
         """Pointers to elements (bid, row, col) of an operand view; ``row``/``col`` are broadcastable blocks.
         An index view binds the three coordinates to temporaries (tindex prints them as they are)."""
         if op.index is None:
+            bid_, row_, col_ = (sympy.Symbol(v, integer=True, nonnegative=True) for v in ("t_b", "t_r", "t_c"))
+            self.addresses.append((sympy.sympify(op.offset) + bid_ * sympy.sympify(op.batch_stride) +
+                                   row_ * sympy.sympify(op.row_stride) + col_ * sympy.sympify(op.col_stride), col_))
             return (f"{op.buffer} + ({tindex(op.offset)} + {bid} * {tindex(op.batch_stride)}) "
                     f"+ ({row}) * {tindex(op.row_stride)} + ({col}) * {tindex(op.col_stride)}")
         names = []
@@ -772,8 +831,17 @@ class TritonWriter:
             names.append(f"t{next(self.names)}")
             lines.append(f"{ind}{names[-1]} = {c}")
         mapping = {ir.ivar(d): sympy.Symbol(n, integer=True, nonnegative=True) for d, n in enumerate(names)}
-        buf = self.prog.buffers[op.buffer]
-        return f"{op.buffer} + {tindex(buf.flat_index(tuple(sympy.sympify(e).xreplace(mapping) for e in op.index)))}"
+        flat = self.prog.buffers[op.buffer].flat_index(tuple(sympy.sympify(e).xreplace(mapping) for e in op.index))
+        self.addresses.append((flat, mapping[ir.ivar(2)]))
+        return f"{op.buffer} + {tindex(flat)}"
+
+    @staticmethod
+    def _rows_address(g: ir.Gemm, n) -> tuple:
+        """(element offset, column variable) of ``bid * (m * n) + row * n + col``, where a template stores its
+        tile (``bid`` is 0 in an unbatched GEMM)."""
+        bid, row, col = (sympy.Symbol(v, integer=True, nonnegative=True) for v in ("t_b", "t_r", "t_c"))
+        batched = int(sympy.sympify(g.batch) != 1)
+        return bid * sympy.sympify(g.m) * sympy.sympify(n) * batched + row * sympy.sympify(n) + col, col
 
     def _gemm_coords(self, node: ir.Node, row: str, col: str, ind: str) -> list[str]:
         """Lines binding i0, i1, ... (the node's output position) for GEMM element (bid, row, col). A batched
@@ -788,6 +856,13 @@ class TritonWriter:
             return self._decompose(row, ranges[:-1], "i", ind) + [f"{ind}i{len(ranges) - 1} = {col}"]
         flat = f"bid * ({tindex(g.m * g.n)}) + {row} * {tindex(g.n)} + {col}"
         return [f"{ind}flat_e = {flat}"] + self._decompose("flat_e", ranges, "i", ind)
+
+    def _col_var(self, node: ir.Node):
+        """The index variable ``_gemm_coords`` binds to the tile's column, if it binds one directly."""
+        g, ranges = node.gemm, node.ranges
+        direct = len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
+            ir.same_size(ir.product(ranges[:-2]), g.batch)
+        return ir.ivar(len(ranges) - 1) if direct or self._row_split(node) else None
 
     @staticmethod
     def _row_split(node: ir.Node) -> bool:
@@ -814,7 +889,7 @@ class TritonWriter:
         if node.body is None:
             return acc
         here = ir.Load(node.gemm.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(len(node.ranges))))
-        em = Emitter(self, {}, ind, mask, axis_masks)
+        em = Emitter(self, {}, ind, mask, axis_masks, col=self._col_var(node))
         em.memo[here] = acc
         val = em.tensor(node.body)
         lines += em.lines
@@ -898,6 +973,7 @@ class TritonWriter:
         if node.body is not None:
             lines += self._gemm_coords(node, "rm[:, None]", "rn[None, :]", ind)
         val = self._epilogue(node, "acc", "mask", ind, lines, self._axis_masks(node))
+        self.addresses.append(self._rows_address(g, g.n))
         lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
                      f"{self._stored(val, dtype)}, mask=mask)")
         grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn) * when,
@@ -907,7 +983,7 @@ class TritonWriter:
 
     # --- attention kernels (fuse_attention.py) ---------------------------------------------------------
 
-    def _attention(self, k: Kernel):
+    def _attention(self, k: Kernel, name: str):
         """Flash attention: per block of query rows, loop over blocks of keys computing the scores (with the
         scores GEMM's epilogue: scale, mask), an online softmax (running max and sum, the accumulator rescaled
         as the max grows) and the probabilities times the values; then the PV GEMM's epilogue. A row whose
@@ -923,8 +999,7 @@ class TritonWriter:
         # sample) and tf32 10, and faster than the tf32 dot with widened values (H200, GPT-2 small at batch 8)
         split_p = v_dtype in HALF
         cfg = attention_config(q_dtype, int(g1.k), int(g2.n), self._ub(g1.m))
-        if k.name in self.tuned:
-            cfg = tuned_config(k.name, "attention", self.tuned[k.name], cfg)
+        cfg = self._tuned(name, "attention", cfg)
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind, body = "    ", "        "
         lines = [
@@ -960,7 +1035,7 @@ class TritonWriter:
         value, s_load = attention_scores(k)  # what the softmax applied to the scores (a mask fused there)
         if value != s_load:
             lines += self._matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", body)
-            em = Emitter(self, {}, body, "smask")
+            em = Emitter(self, {}, body, "smask", col=ir.ivar(len(k.stages[3].node.out.shape) - 1))
             em.memo[s_load] = s
             s = em.tensor(value)
             lines += em.lines
@@ -990,6 +1065,7 @@ class TritonWriter:
         if pv.body is not None:
             lines += self._gemm_coords(pv, "rm[:, None]", "rv[None, :]", ind)
         val = self._epilogue(pv, "acc", "mask", ind, lines)
+        self.addresses.append(self._rows_address(g1, g2.n))
         lines.append(f"{ind}tl.store({pv.out.name} + bid * (M * DV) + rm[:, None] * DV + rv[None, :], "
                      f"{self._stored(val, pv.out.dtype)}, mask=mask)")
         grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(1))

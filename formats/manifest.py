@@ -15,7 +15,7 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 4)
+FORMAT_VERSION = (1, 5)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
@@ -60,6 +60,14 @@ class Cubin:
     function: str         # the entry symbol inside it
     shared: int           # dynamic shared memory bytes to request at launch
     num_warps: int
+    dependent: bool = False  # it may be launched as a programmatic dependent (1.5; SPEC §6a)
+
+    def to_json(self) -> dict:
+        """Its JSON object; ``dependent`` only where true, so earlier packages' manifests keep their bytes."""
+        out = asdict(self)
+        if not self.dependent:
+            del out["dependent"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,7 @@ def _spec_json(s: TensorSpec) -> dict:
 def _bundle_json(k: KernelBundle) -> dict:
     d = asdict(k)
     out = {key: list(v) if isinstance(v, tuple) else v for key, v in d.items()}
+    out["cubins"] = [c.to_json() for c in k.cubins]
     if not k.cubins:
         del out["cubins"]
     return out
@@ -315,7 +324,8 @@ def _parse_cubin(c: Any, where: str) -> Cubin:
         raise FormatError(f"manifest: {where} should be an object")
     return Cubin(kernel=_need(c, "kernel", str, where), file=_need(c, "file", str, where),
                  function=_need(c, "function", str, where), shared=_need(c, "shared", int, where),
-                 num_warps=_need(c, "num_warps", int, where))
+                 num_warps=_need(c, "num_warps", int, where),
+                 dependent=_need(c, "dependent", bool, where) if "dependent" in c else False)
 
 
 def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: int, workspace) -> CudaPlan:

@@ -71,14 +71,12 @@ def _spec_json(s) -> dict:
 
 
 def _cuda_json(c: GraphCuda) -> dict:
-    from dataclasses import asdict
-
     from .manifest import CudaPlan, _cuda_json as plan_json
 
     launches = plan_json(CudaPlan(triton="", index_bits=c.index_bits, launches=c.launches,
                                   workspace_bytes=c.workspace_bytes))["launches"]
     return {"source": c.source, "index_bits": c.index_bits, "workspace_bytes": c.workspace_bytes,
-            "launches": launches, "cubins": {isa: [asdict(x) for x in cs] for isa, cs in sorted(c.cubins.items())}}
+            "launches": launches, "cubins": {isa: [x.to_json() for x in cs] for isa, cs in sorted(c.cubins.items())}}
 
 
 def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights: tuple, kernels: tuple = (),

@@ -39,6 +39,7 @@ from .weights import load_weights
 
 ALIGN = 256
 GRAPH_CACHE = 16
+SIGNATURES = 256  # input signatures (shapes, dtypes) whose guard results a model remembers
 
 
 def _aligned(n: int) -> int:
@@ -133,20 +134,29 @@ def _is_torch(v) -> bool:
     return t is not None and isinstance(v, t.Tensor)
 
 
+_TORCH_DTYPES: dict = {}  # torch dtype -> the loader's numpy dtype object (one object per dtype: _Signatures)
+
+
+def _numpy_dtype_of(dtype):
+    dt = _TORCH_DTYPES.get(dtype)
+    if dt is None:
+        name = str(dtype).replace("torch.", "")
+        dt = _TORCH_DTYPES[dtype] = BFLOAT16 if name == "bfloat16" else np.dtype(name if name != "bool" else np.bool_)
+    return dt
+
+
 def _describe(v, name: str, device: Device) -> _Meta:
     if isinstance(v, np.ndarray):
         a = contiguous(v)
         return _Meta(a.shape, a.dtype, a.ctypes.data, a.nbytes, host=True)
     if _is_torch(v):
-        if v.device.type != "cuda" or (v.device.index or 0) != device.ordinal:
+        if v.get_device() != device.ordinal:
             raise TargetError(f"input {name!r} is on {v.device}; this model runs on cuda:{device.ordinal}. "
                               f"Move it with {name}.to('cuda:{device.ordinal}').")
         if not v.is_contiguous():
             raise DtypeError(f"input {name!r} is not contiguous (strides {v.stride()}); pass {name}.contiguous()",
                              input=name, expected="contiguous", got=str(v.stride()), rule="layout")
-        dname = str(v.dtype).replace("torch.", "")
-        dt = BFLOAT16 if dname == "bfloat16" else np.dtype(dname if dname != "bool" else np.bool_)
-        return _Meta(tuple(v.shape), dt, v.data_ptr(), v.numel() * v.element_size())
+        return _Meta(tuple(v.shape), _numpy_dtype_of(v.dtype), v.data_ptr(), v.numel() * v.element_size())
     cai = getattr(v, "__cuda_array_interface__", None)
     if cai is None:
         raise DtypeError(f"input {name!r}: expected a CUDA array (a torch CUDA tensor, a CuPy array, or anything with "
@@ -188,6 +198,7 @@ class _Kernel:
     params: tuple
     grid: tuple
     symbol_kind: str  # "i32" or "i64": how its symbol parameters are passed
+    dependent: bool = False  # it waits for the previous grid in the kernel: may launch as its dependent (§6a)
 
 
 @dataclass
@@ -205,11 +216,13 @@ class _Graph:
 
 
 class CudaModel:
-    def __init__(self, archive: Archive, device: Device, *, graphs: bool = True, check_indices: bool = True):
+    def __init__(self, archive: Archive, device: Device, *, graphs: bool = True, check_indices: bool = True,
+                 dependent_launch: bool = True):
         m = archive.manifest
         self.archive, self.manifest, self.device = archive, m, device
         self.bundle = pick_bundle(m, device.arch, archive.path)
         self.graphs = graphs
+        self.dependent_launch = dependent_launch
         self.check_indices = check_indices
         self._plan = GuardPlan(m)
         self._modules = []
@@ -231,6 +244,8 @@ class CudaModel:
         self._out_specs = [(s.shape, s.dtype) for s in m.outputs]
         self._single = m.output_structure == "single"
         self._lock = threading.Lock()  # graphs and the workspace are shared: one call at a time per model
+        self._signatures: dict = {}  # _guarded
+        self._out_shapes: dict = {}  # symbol values -> output shapes (_new_outputs)
 
     # setup ---------------------------------------------------------------------------------------------
 
@@ -240,7 +255,7 @@ class CudaModel:
             module, fn = self.device.load_function(self.archive.read(cubin.file), cubin.function, cubin.shared)
             self._modules.append(module)
             kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
-                                   launch.grid, "i32" if launch.index_bits == 32 else "i64"))
+                                   launch.grid, "i32" if launch.index_bits == 32 else "i64", cubin.dependent))
         return kernels
 
     def _upload_weights(self, arrays: dict) -> tuple[int, list]:
@@ -308,8 +323,23 @@ class CudaModel:
         self.device.make_current()
         values = [contiguous(v) if isinstance(v, np.ndarray) else v for v in values]
         metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
+        return values, metas, self._guarded(metas), _caller_stream(values, self.device) if stream is None else \
+            int(stream)
+
+    def _guarded(self, metas) -> dict:
+        """The guards' symbol values for these inputs. The guards are a function of each input's shape and dtype
+        alone, so they run once per signature and its result is remembered; a server's call then skips them.
+        The key holds each dtype object's identity (a tagged bfloat16 equals a plain uint16 under ==), and the
+        entry keeps those objects alive so that no other dtype can take their id."""
+        key = tuple((m.shape, id(m.dtype)) for m in metas)
+        hit = self._signatures.get(key)
+        if hit is not None:
+            return hit[0]
         env = self._plan.check(metas)
-        return values, metas, env, _caller_stream(values, self.device) if stream is None else int(stream)
+        if len(self._signatures) >= SIGNATURES:
+            self._signatures.pop(next(iter(self._signatures)))
+        self._signatures[key] = (env, [m.dtype for m in metas])
+        return env
 
     def _call(self, args, stream, kwargs):
         values, metas, env, stream = self._bind(args, kwargs, stream)
@@ -335,12 +365,20 @@ class CudaModel:
 
     def _new_outputs(self, values, env, specs=None) -> list:
         """Arrays for ``specs`` ((shape, dtype) pairs; default: the model's outputs) of the kind ``values`` are."""
-        specs = self._out_specs if specs is None else specs
-        shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
+        if specs is None:
+            specs, key = self._out_specs, tuple(env.items())
+            shapes = self._out_shapes.get(key)
+            if shapes is None:
+                shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
+                if len(self._out_shapes) >= SIGNATURES:
+                    self._out_shapes.pop(next(iter(self._out_shapes)))
+                self._out_shapes[key] = shapes
+        else:
+            shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
         if any(_is_torch(v) for v in values):
             torch = _torch()
-            dev = torch.device("cuda", self.device.ordinal)
-            return [torch.empty(s, dtype=getattr(torch, dt), device=dev) for s, (_, dt) in zip(shapes, specs)]
+            return [torch.empty(s, dtype=getattr(torch, dt), device=self.device.ordinal)
+                    for s, (_, dt) in zip(shapes, specs)]
         cupy = sys.modules.get("cupy")
         if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values) \
                 and not any(dt == "bfloat16" for _, dt in specs):
@@ -442,7 +480,8 @@ class CudaModel:
         probe = None if self._probe is None or last is None else \
             (last, self._error, self._error_host, 4, self._probe)
         graph, graph_exec, nodes = self.device.build_graph(
-            ((k.function, grid, k.threads, k.shared, block.address) for k, block, grid in blocks), probe)
+            ((k.function, grid, k.threads, k.shared, block.address, self.dependent_launch and k.dependent)
+             for k, block, grid in blocks), probe)
         io = []
         for (k, block, _), (node, params) in zip(blocks, nodes):
             slots = [(i, p["kind"], p["value"]) for i, p in enumerate(k.params) if p["kind"] in ("input", "output")]
@@ -497,7 +536,8 @@ def _pointer(o) -> int:
     return int(o.__cuda_array_interface__["data"][0])
 
 
-def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True) -> CudaModel:
+def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True,
+              dependent_launch: bool = True) -> CudaModel:
     """``device`` is "cuda" or "cuda:N"."""
     _, _, index = str(device).partition(":")
     if index and not index.isdigit():
@@ -507,5 +547,7 @@ def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indic
     t = archive.manifest.training
     if t is not None and t.forward.cuda is not None:  # --backward: forward(grad=True), backward, weights
         from .cuda_training import TrainableCudaModel
-        return TrainableCudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices)
-    return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices)
+        return TrainableCudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
+                                  dependent_launch=dependent_launch)
+    return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
+                     dependent_launch=dependent_launch)

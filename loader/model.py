@@ -47,19 +47,21 @@ def default_num_threads() -> int:
 
 
 def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None = None, cache_dir=None,
-         graphs: bool = True, check_indices: bool = True):
+         graphs: bool = True, check_indices: bool = True, dependent_launch: bool = True):
     """Open, verify and load a `.tcpkg` for ``device`` ("cpu", "cuda" or "cuda:N"); return a callable model.
 
     Every member is hashed before native code is loaded. CPU: ``isa`` forces a kernel bundle by name;
     ``cache_dir`` is where kernel libraries are extracted (default $TCEXPORT_CACHE or ~/.cache/tcexport).
     CUDA (see cuda_model.py): ``graphs`` replays a CUDA graph per input-shape signature; ``check_indices``
-    synchronises after calls of models that index by data, to raise on an out-of-range index.
+    synchronises after calls of models that index by data, to raise on an out-of-range index;
+    ``dependent_launch`` lets each kernel of a graph start while the one before it finishes (sm_90 and later).
     """
     if str(device).startswith("cuda"):
         from .cuda_model import load_cuda
         archive = open_archive(path)
         _require_cuda_kernels(archive.manifest, str(device))
-        return load_cuda(archive, str(device), graphs=graphs, check_indices=check_indices)
+        return load_cuda(archive, str(device), graphs=graphs, check_indices=check_indices,
+                         dependent_launch=dependent_launch)
     if str(device) != "cpu":
         raise TargetError(f"device {str(device)!r} is not known; use 'cpu', 'cuda' or 'cuda:N'")
     threads = default_num_threads() if num_threads is None else num_threads

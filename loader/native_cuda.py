@@ -67,6 +67,7 @@ class Device:
         major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cc")
         minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cc")
         self.arch = major * 10 + minor
+        self.programmatic_edges = self.arch >= 90  # build_graph: until the driver turns one down
         name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)
 
@@ -154,8 +155,11 @@ class Device:
 
     def build_graph(self, launches, probe=None) -> tuple:
         """A graph of kernel nodes that run one after another (what capturing ``launches``, tuples of (function,
-        grid, threads, shared, params address), on one stream would give), instantiated; with each node and its
-        parameter struct, so that a replay can point a node at other buffers (``set_kernel_node``).
+        grid, threads, shared, params address, dependent), on one stream would give), instantiated; with each
+        node and its parameter struct, so that a replay can point a node at other buffers (``set_kernel_node``).
+        A ``dependent`` kernel hangs off the one before it by a programmatic edge: it starts while that one
+        finishes, and waits for it inside (its cubin's ``dependent`` flag says it does); a driver without such
+        edges (before CUDA 12.3) gets an ordinary one.
 
         ``probe`` = (index, device src, pinned host dst, bytes, event): a branch off launch ``index`` that copies
         src to dst and then records the event, while the launches after it go on; waiting for the event then
@@ -163,14 +167,18 @@ class Device:
         cu = self.cu
         graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
         nodes, after = [], []
-        for fn, grid, threads, shared, params_address in launches:
+        for fn, grid, threads, shared, params_address, dependent in launches:
             p = cu.CUDA_KERNEL_NODE_PARAMS()
             p.func = fn
             p.gridDimX, p.gridDimY, p.gridDimZ = grid
             p.blockDimX, p.blockDimY, p.blockDimZ = threads, 1, 1
             p.sharedMemBytes = shared
             p.kernelParams = params_address
-            node = check(cu.cuGraphAddKernelNode(graph, after, len(after), p), "cuGraphAddKernelNode")
+            programmatic = dependent and bool(after) and self.programmatic_edges
+            deps = [] if programmatic else after
+            node = check(cu.cuGraphAddKernelNode(graph, deps, len(deps), p), "cuGraphAddKernelNode")
+            if programmatic and not self._programmatic_edge(graph, after[0], node):
+                self._edge(graph, after[0], node)
             nodes.append((node, p))
             after = [node]
         if probe is not None:
@@ -184,6 +192,34 @@ class Device:
             copy = check(cu.cuGraphAddMemcpyNode(graph, [nodes[index][0]], 1, c, self.context), "cuGraphAddMemcpyNode")
             check(cu.cuGraphAddEventRecordNode(graph, [copy], 1, event), "cuGraphAddEventRecordNode")
         return graph, check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"), nodes
+
+    def _add_dependencies(self, graph, src, dst, data):
+        """cuGraphAddDependencies with edge data, as cuda-bindings 12.3+ (``_v2``) and 13 spell it."""
+        cu = self.cu
+        add = getattr(cu, "cuGraphAddDependencies_v2", None) or cu.cuGraphAddDependencies
+        return add(graph, [src], [dst], data, 1)
+
+    def _programmatic_edge(self, graph, src, dst) -> bool:
+        """Add src -> dst as a programmatic edge; False (and no more tries) where the driver or bindings lack it."""
+        cu = self.cu
+        try:
+            e = cu.CUgraphEdgeData()
+            e.type = cu.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+            e.from_port = cu.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+            status = self._add_dependencies(graph, src, dst, [e])
+        except (AttributeError, TypeError):  # bindings before 12.3: no edge data
+            status = None
+        if status is not None and int(status[0] if isinstance(status, tuple) else status) == 0:
+            return True
+        self.programmatic_edges = False
+        return False
+
+    def _edge(self, graph, src, dst) -> None:
+        try:
+            status = self._add_dependencies(graph, src, dst, None)
+        except TypeError:  # bindings before 12.3: (graph, from, to, count)
+            status = self.cu.cuGraphAddDependencies(graph, [src], [dst], 1)
+        check(status, "cuGraphAddDependencies")
 
     def set_kernel_node(self, graph_exec, node, params) -> None:
         """Re-read a node's parameter values (from the address in ``params``) for the graph's later launches."""

@@ -95,6 +95,32 @@ def test_masked_sdpa_with_other_key_length_matches_eager():
     _check(path, Masked(), cases)
 
 
+def test_a_mask_with_rows_of_a_symbolic_length_gets_an_aligned_variant():
+    """The mask's row stride is the key length, unknown at build time, so its loads cannot be vectorised; a
+    second cubin of the attention kernel is compiled knowing ``keys`` a multiple of 16, and exactly one of the
+    two runs for any binding (the query length ``seq`` scales no row, so it needs no variant)."""
+    from tcexport.formats import expr as ex
+
+    kv = {2: "keys"}
+    q, k, v = _qkv(1, 2, 4, 32, lk=16)
+    pkg = export(Masked(), (q, k, v, torch.randn(1, 1, 4, 16)), {"q": SEQ, "k": kv, "v": kv,
+                 "mask": {2: "seq", 3: "keys"}}, "cuda:sm_90", name="aligned", cache_dir=WORK / "cache")
+    launches = [l for l in pkg.manifest.cuda.launches if "_attention" in l.name]
+    assert [l.name.endswith("_a16") for l in launches] == [False, True], [l.name for l in launches]
+    for seq, keys in ((1, 1), (4, 16), (5, 16), (3, 17), (32, 48), (16, 20)):
+        env = {"seq": seq, "keys": keys}
+        runs = [min(ex.evaluate(g, env) for g in l.grid) > 0 for l in launches]
+        assert runs == [keys % 16 != 0, keys % 16 == 0], (env, runs)
+    path = WORK / "attention-aligned.tcpkg"
+    pkg.save(path)
+    archive = open_archive(path)
+    (bundle,) = archive.manifest.kernels
+    cubins = {c.kernel: archive.read(c.file) for c in bundle.cubins}
+    assert cubins[launches[0].name] != cubins[launches[1].name]  # one source (run below), two compilations
+    cases = [[*_qkv(1, 2, lq, 32, lk=lk, seed=lk), torch.randn(1, 1, lq, lk)] for lq, lk in ((3, 16), (5, 33))]
+    _check(path, Masked(), cases)
+
+
 def test_hand_written_attention_with_padding_mask_matches_eager():
     q, k, v = _qkv(2, 3, 5, 24)
     keep = torch.ones(2, 5, dtype=torch.bool)

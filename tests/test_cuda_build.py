@@ -60,6 +60,8 @@ def test_cubins_for_each_arch_with_cpu_alongside():
         for c in bundle.cubins:
             assert cubin_arch(archive.read(c.file)) == arch, c.file
             assert c.num_warps >= 1 and c.function == c.kernel
+            # griddepcontrol is sm_90+ PTX: only there may a kernel start while the previous one finishes
+            assert c.dependent == (arch >= 90), (c.kernel, arch)
     for launch in m.cuda.launches:
         assert len(launch.grid) == 3 and launch.num_warps >= 1
     # the CPU bundle in the same package still serves CPU calls
