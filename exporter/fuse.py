@@ -4,7 +4,8 @@ Generic passes, in order (after merging duplicate nodes and folding copies into 
   1. epilogues: a pointwise node that is the only reader of a GEMM's output, element for element, becomes the
      GEMM's epilogue (bias, activation, residual, the rounding cast of a 16-bit float product); chains follow.
   2. inlining: a pointwise node is substituted into its readers' bodies unless it must exist in memory (a graph
-     output, a GEMM operand) or inlining would recompute it per broadcast element.
+     output, a GEMM operand) or inlining would recompute it per broadcast element (which a small function of the
+     indices alone is, outside GEMM epilogues).
   3. grouping: nodes that iterate the same rows join one loop kernel — reductions over the same inner range,
      per-row scalars, and elementwise work over the row — when every value they read from the kernel itself is
      the one computed in the same row. Softmax and layer norm become one kernel each this way.
@@ -293,6 +294,19 @@ def _cheap(body: ir.Value) -> bool:
     return len(ops) <= 1 and not any(v.op in EXPENSIVE_OPS for v in ops)
 
 
+INDEX_ONLY_OPS = 24  # most operations an index-only node may have to be recomputed wherever it is read
+
+
+def _index_only(body: ir.Value) -> bool:
+    """A value of the indices and constants alone (no load), small and cheap: recomputing it per element costs
+    a few integer operations, where keeping it costs a kernel launch and a round trip through memory. GPT-2's
+    mask preparation is a chain of these (position ids, their differences, the sequence starts): three launches."""
+    values = list(ir.walk(body))
+    ops = [v for v in values if isinstance(v, ir.Op)]
+    return not any(isinstance(v, (ir.Load, ir.LoadIndirect)) for v in values) and len(ops) <= INDEX_ONLY_OPS \
+        and not any(v.op in EXPENSIVE_OPS for v in ops)
+
+
 def inline_pointwise(prog: ir.Program) -> None:
     for p in list(prog.nodes):
         if p.kind != "pointwise" or p.out.kind == "output":
@@ -304,7 +318,9 @@ def inline_pointwise(prog: ir.Program) -> None:
             continue
         if _read_indirectly(prog, p.out.name, readers):
             continue
-        if not _cheap(p.body) and not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
+        recompute = _index_only(p.body) and not any(r.kind == "gemm" for r in readers)
+        if not _cheap(p.body) and not recompute and \
+                not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
             continue
         for r in readers:
             r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
