@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -123,3 +125,25 @@ def test_ir_prints_and_verifies():
     prog.nodes.reverse()
     with pytest.raises(AssertionError):
         prog.verify()
+
+
+class Positions(torch.nn.Module):
+    """Weights from positions alone (arange, scaled and shifted), read once per (row, column) pair."""
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1]) * 3 + 1
+        return (x[:, :, None] * pos[None, None, :]).sum(-1)
+
+
+def test_a_function_of_the_indices_alone_is_recomputed_where_it_is_read(tmp_path):
+    """Keeping ``pos`` in memory would cost a kernel of its own; a few integer operations per element of the
+    reduction cost less, so fusion inlines it there (fuse._index_only) and the model is one kernel."""
+    x = torch.randn(2, 5)
+    pkg = export(Positions(), (x,), {"x": {1: ("seq", 1, 64)}}, dump=tmp_path / "dump")
+    text = (tmp_path / "dump" / "kernels.txt").read_text()
+    kernels = [line for line in text.splitlines() if re.match(r"k\d+_", line)]
+    assert len(kernels) == 1, text
+    path = pkg.save(tmp_path / "positions.tcpkg")
+    for n in (1, 7):
+        xn = torch.randn(2, n)
+        np.testing.assert_allclose(L.load(path)(xn.numpy()), Positions()(xn).numpy(), rtol=1e-5, atol=1e-5)
