@@ -2,7 +2,8 @@
 /tmp/gpt2.tcpkg): what a call costs beyond its kernels. For GPT-2 small it times the call with the index check
 (the default: waiting for the copy of the error word that the graph makes after its last index-reading kernel;
 or, after the whole graph, waiting on the stream, on an event, or by polling the event) and without it. It also times the host's phases
-before the graph launch: binding and guards, output allocation, and the replay itself; and the graph replayed
+before the graph launch: binding and guards, then the replay (up to its first graph launch, and in all, which
+includes the output allocation and the launch calls); and the graph replayed
 alone (the GPU floor of a call), with programmatic and with ordinary edges between its kernels.
 Results: bench/results/*-gpt2-b8-where-time-goes.md."""
 import time, sys, os
@@ -44,24 +45,45 @@ for batch in (1, 8):
         torch.cuda.synchronize(); host = (time.perf_counter() - t0) / 30 * 1e6
         print(f"batch {batch} {name:12s} call {t:7.1f} us (events); loop of calls {host:7.1f} us/call", flush=True)
     model._raise_on_bad_index = none
-    out = torch.empty(batch, 128, 50257, dtype=torch.bfloat16, device="cuda")
-    # where the Python side goes (check off): phases timed on the host
-    ph = {"bind": 0.0, "outputs": 0.0, "graph": 0.0}
+    # where the Python side goes (check off): phases timed on the host. The replay launches the graph's first part,
+    # allocates the outputs while it runs, then launches the part that writes them (cuda_model._Graph)
+    launch = model.device.graph_launch
+    ph = {"bind": 0.0, "until first launch": 0.0, "replay": 0.0, "graph launch calls": 0.0}
     for _ in range(200):
+        marks = []
+        def timed_launch(graph_exec, stream_):
+            t = time.perf_counter(); launch(graph_exec, stream_); marks.append((t, time.perf_counter()))
+        model.device.graph_launch = timed_launch
         t0 = time.perf_counter(); values, metas, env, stream = model._bind((ids,), {}, None)
-        t1 = time.perf_counter(); outs = model._new_outputs(values, env); ptrs = [o.data_ptr() for o in outs]
-        t2 = time.perf_counter(); model._run_graph(metas, ptrs, env, stream)
-        t3 = time.perf_counter(); ph["bind"] += t1 - t0; ph["outputs"] += t2 - t1; ph["graph"] += t3 - t2
+        t1 = time.perf_counter(); model._run_graph(values, metas, env, stream)
+        t2 = time.perf_counter()
+        model.device.graph_launch = launch
+        ph["bind"] += t1 - t0; ph["until first launch"] += marks[0][0] - t1; ph["replay"] += t2 - t1
+        ph["graph launch calls"] += sum(b - a for a, b in marks)
         torch.cuda.synchronize()
-    print(f"batch {batch} host phases (us): " + ", ".join(f"{k} {v / 200 * 1e6:.1f}" for k, v in ph.items()), flush=True)
+    print(f"batch {batch} host phases (us): " + ", ".join(f"{k} {v / 200 * 1e6:.1f}" for k, v in ph.items()) +
+          f"; graph parts {len(model._graph_cache[(tuple(ids.shape),)].parts)}", flush=True)
     # the graph replayed alone, with no Python before it: the GPU floor of a call (bare replay), and the same
     # with ordinary edges between the kernels instead of programmatic ones (each kernel starts after the last)
-    g = model._graph_cache[(tuple(ids.shape),)]
+    def replay(m):
+        g = m._graph_cache[(tuple(ids.shape),)]
+        return lambda: [m.device.graph_launch(p.graph_exec, stream) for p in g.parts]
     stream = torch.cuda.current_stream().cuda_stream
-    bare = timed(lambda: model.device.graph_launch(g.graph_exec, stream))
+    bare = timed(replay(model))
     ordered = L.load("/tmp/gpt2.tcpkg", device="cuda", dependent_launch=False)
     ordered(ids)
-    og = ordered._graph_cache[(tuple(ids.shape),)]
-    bare_ordered = timed(lambda: ordered.device.graph_launch(og.graph_exec, stream))
+    bare_ordered = timed(replay(ordered))
     print(f"batch {batch} bare replay {bare:7.1f} us, with ordinary edges {bare_ordered:7.1f} us", flush=True)
     ordered.close()
+    # the host cost of one graph launch call: through cuda-bindings (what the loader does) and straight into libcuda
+    import ctypes
+    raw = ctypes.CDLL("libcuda.so.1").cuGraphLaunch
+    raw.argtypes, raw.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    ge = model._graph_cache[(tuple(ids.shape),)].parts[-1].graph_exec
+    for name, fn in (("cuda-bindings", lambda: model.device.graph_launch(ge, stream)),
+                     ("ctypes", lambda: raw(int(ge), stream))):
+        torch.cuda.synchronize(); spent = 0.0
+        for _ in range(20):
+            t = time.perf_counter(); fn(); spent += time.perf_counter() - t
+        torch.cuda.synchronize()
+        print(f"batch {batch} graph launch call through {name}: {spent / 20 * 1e6:.1f} us", flush=True)

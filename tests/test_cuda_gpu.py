@@ -74,6 +74,9 @@ def test_graphs_and_direct_launches_agree_across_shapes():
         _, xs = _inputs(path, shapes, seed=3)
         xs = [x.cuda() for x in xs]
         torch.testing.assert_close(with_graphs(*xs), direct(*xs), rtol=0, atol=0)
+    # the decoder's output comes from its last kernel: each graph is launched in two parts, the outputs allocated
+    # between them (cuda_model._Graph)
+    assert [len(g.parts) for g in with_graphs._graph_cache.values()] == [2] * len(shapes_list)
 
 
 @pytest.mark.skipif(torch.cuda.get_device_capability() < (9, 0), reason="programmatic dependent launch is sm_90+")
