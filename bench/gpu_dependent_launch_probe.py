@@ -1,15 +1,16 @@
 """Probe (`python -m bench.gpu_dependent_launch_probe` on a GPU machine, sm_90+): where a kernel lets the next one
 launch (programmatic dependent launch, codegen_triton.DEPENDENT_HEAD / DEPENDENT_TAIL). GPT-2 small bf16 is exported
 three times: the trigger after the last store (what the code does), right after the wait at the top, and nowhere
-(the wait only: the next kernel launches when this one exits); each is timed at batches 1 and 8 (CUDA events,
-median of 60, three interleaved rounds) against ordinary graph edges. Results:
-bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md."""
+(the wait only: the next kernel launches when this one exits); each is timed at batches 1 and 8 (the harness's
+time_calls: CUDA events, median of 60; three interleaved rounds) against ordinary graph edges. Results:
+bench/results/nvidia-h200-2026-11-30-late-gpt2-call-path.md."""
 import os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
 from bench.models import get
 from tcexport.exporter import export, codegen_triton
 import tcexport.loader as L
+from bench.run import time_calls
 
 bm = get("gpt2-small")
 HEAD, TAIL = list(codegen_triton.DEPENDENT_HEAD), list(codegen_triton.DEPENDENT_TAIL)
@@ -30,18 +31,6 @@ def build(place: str) -> str:
     return path
 
 
-def timed(fn, n=60):
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2] * 1e3
-
-
 paths = {place: build(place) for place in PLACES}
 models = {f"trigger {place}": L.load(path, device="cuda") for place, path in paths.items()}
 models["ordinary edges"] = L.load(paths["after the last store"], device="cuda", dependent_launch=False)
@@ -50,7 +39,8 @@ res = {}
 for _ in range(3):
     for batch, ids in inputs.items():
         for name, m in models.items():
-            res.setdefault((batch, name), []).append(timed(lambda: m(ids)))
+            res.setdefault((batch, name), []).append(
+                time_calls(m, (ids,), "cuda", min_calls=60, min_seconds=0)["median_ms"] * 1e3)
 for (batch, name), ts in sorted(res.items()):
     print(f"batch {batch} {name:28s} " + " ".join(f"{t:7.1f}" for t in ts) + f"  min {min(ts):7.1f} us", flush=True)
 want = models["ordinary edges"](inputs[8])
