@@ -1,11 +1,12 @@
 """Probe (`python -m bench.gpu_call_overhead_probe` on a GPU machine, after `python -m bench.gpu_gpt2` has left
 /tmp/gpt2.tcpkg): what a call costs beyond its kernels. For GPT-2 small it times the call with the index check
 (the default: waiting for the copy of the error word that the graph makes after its last index-reading kernel;
-or, after the whole graph, waiting on the stream, on an event, or by polling the event) and without it. It also times the host's phases
-before the graph launch: binding and guards, then the replay (up to its first graph launch, and in all, which
-includes the output allocation and the launch calls); and the graph replayed
-alone (the GPU floor of a call), with programmatic and with ordinary edges between its kernels.
-Results: bench/results/*-gpt2-b8-where-time-goes.md."""
+or, after the whole graph, waiting on the stream, on an event, or by polling the event) and without it. It also
+times the host's phases before the graph launch: binding and guards, then the replay (up to its first graph
+launch, and in all, which includes the output allocation and the launch calls); the graph replayed alone (the GPU
+floor of a call), with programmatic and with ordinary edges between its kernels; and one launch call through
+cuda-bindings and through ctypes.
+Results: bench/results/*-gpt2-b8-where-time-goes.md, nvidia-h200-2026-11-30-late-gpt2-call-path.md."""
 import time, sys, os
 sys.path.insert(0, os.getcwd())
 import torch

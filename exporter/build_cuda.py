@@ -2,9 +2,10 @@
 
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` needs no GPU. Pointer parameters are
 declared 16-byte aligned (the loader guarantees it: arena and weight offsets are 256-byte aligned and it
-copies a misaligned input), which lets Triton vectorise loads; so are the symbols of a launch's ``aligned``
-(a variant that only runs where they are multiples of 16, codegen_triton.TritonWriter._unaligned). Line info is off so no build path reaches the
-binary, and results are cached by content (source, kernel, arch, Triton version), like the C++ build.
+copies a misaligned input), which lets Triton vectorise loads; so are the symbols of a launch's ``aligned`` (a
+variant that only runs where they are multiples of 16, codegen_triton.TritonWriter._unaligned). Line info is off
+so no build path reaches the binary, and results are cached by content (source, kernel, arch, Triton version),
+like the C++ build.
 """
 
 from __future__ import annotations
