@@ -13,14 +13,13 @@ import torch
 import tcexport.loader as L
 from tcexport.loader.native_cuda import check
 from bench.models import get
+from bench.run import time_calls
 bm = get("gpt2-small")
-def timed(fn, n=60):
-    for _ in range(5): fn()
-    torch.cuda.synchronize(); ts = []
-    for _ in range(n):
-        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
-        a.record(); fn(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b))
-    ts.sort(); return ts[len(ts) // 2] * 1e3
+def timed(fn):
+    """µs a call, as the harness times it: CUDA events, median of 60."""
+    return time_calls(fn, (), "cuda", min_calls=60, min_seconds=0)["median_ms"] * 1e3
+
+
 model = L.load("/tmp/gpt2.tcpkg", device="cuda")
 cu = model.device.cu
 ev = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "ev")

@@ -300,7 +300,7 @@ INDEX_ONLY_OPS = 24  # most operations an index-only node may have to be recompu
 def _index_only(body: ir.Value) -> bool:
     """A value of the indices and constants alone (no load), small and cheap: recomputing it per element costs
     a few integer operations, where keeping it costs a kernel launch and a round trip through memory. GPT-2's
-    mask preparation is a chain of these (position ids, their differences, the sequence starts): three launches."""
+    mask preparation is a chain of these (position ids, their differences, the sequence starts): four launches."""
     values = list(ir.walk(body))
     ops = [v for v in values if isinstance(v, ir.Op)]
     return not any(isinstance(v, (ir.Load, ir.LoadIndirect)) for v in values) and len(ops) <= INDEX_ONLY_OPS \

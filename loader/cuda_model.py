@@ -135,7 +135,7 @@ def _is_torch(v) -> bool:
     return t is not None and isinstance(v, t.Tensor)
 
 
-_TORCH_DTYPES: dict = {}  # torch dtype -> the loader's numpy dtype object (one object per dtype: _Signatures)
+_TORCH_DTYPES: dict = {}  # torch dtype -> the loader's numpy dtype object, one per dtype (CudaModel._guarded)
 
 
 def _numpy_dtype_of(dtype):
