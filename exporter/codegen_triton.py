@@ -853,8 +853,7 @@ class TritonWriter:
         row (a division per row, not per element: a residual add indexed per element cost GPT-2's projections
         up to 0.5 us each on an H200); any other shape goes through the row-major position."""
         g, ranges = node.gemm, node.ranges
-        if len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
-                ir.same_size(ir.product(ranges[:-2]), g.batch):
+        if self._matrix_shaped(node):
             return self._matrix_coords(ranges, row, col, ind)
         if self._row_split(node):
             return self._decompose(row, ranges[:-1], "i", ind) + [f"{ind}i{len(ranges) - 1} = {col}"]
@@ -863,10 +862,15 @@ class TritonWriter:
 
     def _col_var(self, node: ir.Node):
         """The index variable ``_gemm_coords`` binds to the tile's column, if it binds one directly."""
+        direct = self._matrix_shaped(node) or self._row_split(node)
+        return ir.ivar(len(node.ranges) - 1) if direct else None
+
+    @staticmethod
+    def _matrix_shaped(node: ir.Node) -> bool:
+        """Whether a GEMM's output is laid out [batch dims..., m, n]."""
         g, ranges = node.gemm, node.ranges
-        direct = len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
+        return len(ranges) >= 2 and ir.same_size(ranges[-1], g.n) and ir.same_size(ranges[-2], g.m) and \
             ir.same_size(ir.product(ranges[:-2]), g.batch)
-        return ir.ivar(len(ranges) - 1) if direct or self._row_split(node) else None
 
     @staticmethod
     def _row_split(node: ir.Node) -> bool:
