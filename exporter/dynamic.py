@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tcexport.formats.manifest import SM_COUNT
+
 from .errors import DynamicSpecError
 
 DEFAULT_MIN = 1
@@ -111,6 +113,9 @@ def _parse_places(text: str, places_text: str, dim_text: str) -> Placement:
 
 
 def _check_range(sym: SymbolSpec, where: str) -> None:
+    if sym.name == SM_COUNT:
+        raise DynamicSpecError(f"{where}: the symbol name {SM_COUNT!r} is reserved (launch grids use it for the "
+                               "GPU's multiprocessor count); pick another name")
     if sym.min < 1 and sym.min != 0:
         raise DynamicSpecError(f"{where}: minimum {sym.min} of {sym.name!r} should be >= 0")
     if sym.max is not None and sym.max < sym.min:

@@ -15,7 +15,12 @@ from . import expr as ex
 from .errors import FormatError, VersionError
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 5)
+FORMAT_VERSION = (1, 6)
+# a launch grid may name this besides the model's symbols (1.6, SPEC §6a): the GPU's multiprocessor count, bound
+# by the loader. A persistent kernel's grid is min(SM_COUNT, its tiles): one program per SM walks its tiles.
+SM_COUNT = "__sm_count"
+SCRATCH_ALIGN = 256  # the loader's scratch buffer starts at a multiple of this (cuMemAlloc's alignment)
+MAX_SCRATCH = 1 << 20  # per program: far above what a kernel needs (Triton's descriptors take 128 bytes each)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
@@ -61,12 +66,15 @@ class Cubin:
     shared: int           # dynamic shared memory bytes to request at launch
     num_warps: int
     dependent: bool = False  # it may be launched as a programmatic dependent (1.5; SPEC §6a)
+    global_scratch: int = 0  # bytes of global memory each program needs (1.6; SPEC §6a)
 
     def to_json(self) -> dict:
-        """Its JSON object; ``dependent`` only where true, so earlier packages' manifests keep their bytes."""
+        """Its JSON object; ``dependent`` and ``global_scratch`` only where set, so earlier packages' manifests
+        keep their bytes."""
         out = asdict(self)
-        if not self.dependent:
-            del out["dependent"]
+        for key in ("dependent", "global_scratch"):
+            if not out[key]:
+                del out[key]
         return out
 
 
@@ -238,6 +246,9 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
             raise FormatError(f"manifest: {where} should be an object")
         name = _need(s, "name", str, where)
         ex.validate(name, None, f"manifest: {where}.name")
+        if name == SM_COUNT:
+            raise FormatError(f"manifest: {where}: {SM_COUNT!r} is reserved for the GPU's multiprocessor count in "
+                              "launch grids; rename the dynamic dim")
         lo = _need(s, "min", int, where)
         hi = s.get("max")
         if hi is not None and (not isinstance(hi, int) or isinstance(hi, bool) or hi < lo):
@@ -325,7 +336,16 @@ def _parse_cubin(c: Any, where: str) -> Cubin:
     return Cubin(kernel=_need(c, "kernel", str, where), file=_need(c, "file", str, where),
                  function=_need(c, "function", str, where), shared=_need(c, "shared", int, where),
                  num_warps=_need(c, "num_warps", int, where),
-                 dependent=_need(c, "dependent", bool, where) if "dependent" in c else False)
+                 dependent=_need(c, "dependent", bool, where) if "dependent" in c else False,
+                 global_scratch=_scratch(c, where))
+
+
+def _scratch(c: dict, where: str) -> int:
+    value = c.get("global_scratch", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SCRATCH:
+        raise FormatError(f"manifest: {where}.global_scratch should be a byte count from 0 to {MAX_SCRATCH}, "
+                          f"found {value!r:.40}")
+    return value
 
 
 def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: int, workspace) -> CudaPlan:
@@ -360,7 +380,7 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
         if len(grid) != 3:
             raise FormatError(f"manifest: {where}.grid should have 3 expressions, found {len(grid)}")
         for g in grid:
-            ex.validate(g, symbols, f"manifest: {where}.grid")
+            ex.validate(g, symbols | {SM_COUNT}, f"manifest: {where}.grid")
         bits = l.get("index_bits", c.get("index_bits"))
         if bits not in (32, 64):
             raise FormatError(f"manifest: {where}.index_bits should be 32 or 64, found {bits!r}")

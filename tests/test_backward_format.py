@@ -23,7 +23,7 @@ def manifest_json() -> dict:
 
 def test_round_trip(manifest_json):
     m = parse_manifest(manifest_json)
-    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 5)
+    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 6)
     assert json.loads(m.dumps()) == manifest_json
     assert m.training.sources[0] == ("input", 0) and m.training.gradients[-1] == ("input", "x")
 
