@@ -31,10 +31,14 @@ import torch
 
 from tcexport.formats import expr as ex
 from tcexport.formats.errors import RuntimeKernelError
+from tcexport.formats.manifest import SM_COUNT
 from tcexport.loader.archive import open_archive
 from tcexport.loader.guards import GuardPlan
 from tcexport.loader.weights import load_weights
 
+# the multiprocessor count launch grids see here: fewer programs than a persistent GEMM has tiles in the tests,
+# so each program walks several
+INTERPRET_SM_COUNT = 3
 TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
          "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
          "uint8": torch.uint8, "bool": torch.bool}
@@ -189,7 +193,7 @@ class InterpretedPackage:
         with _interpreting():
             for launch in launches:
                 args = [_arg(p, ins, self.weights, outs, workspace, env, error) for p in launch.params]
-                grid = tuple(ex.evaluate(g, env) for g in launch.grid)
+                grid = tuple(ex.evaluate(g, {**env, SM_COUNT: INTERPRET_SM_COUNT}) for g in launch.grid)
                 if min(grid) == 0:
                     continue
                 getattr(module, launch.name)[grid](*args, **launch.block)

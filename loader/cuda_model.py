@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tcexport.formats import expr as ex
-from tcexport.formats.errors import DtypeError, RuntimeKernelError, TargetError, TcError
-from tcexport.formats.manifest import KernelBundle, Manifest
+from tcexport.formats.errors import DtypeError, FormatError, RuntimeKernelError, TargetError, TcError
+from tcexport.formats.manifest import SM_COUNT, KernelBundle, Manifest
 
 from .archive import Archive
 from .arrays import contiguous
@@ -200,6 +200,7 @@ class _Kernel:
     grid: tuple
     symbol_kind: str  # "i32" or "i64": how its symbol parameters are passed
     dependent: bool = False  # it waits for the previous grid in the kernel: may launch as its dependent (§6a)
+    scratch: int = 0  # bytes of global scratch per program (a persistent kernel's TMA descriptors, §6a)
 
 
 @dataclass
@@ -237,6 +238,7 @@ class CudaModel:
         self.check_indices = check_indices
         self._plan = GuardPlan(m)
         self._modules = []
+        self._scratch = (0, 0)  # (pointer, bytes): global scratch for SM_COUNT programs of any kernel (_load_kernels)
         self._kernels = self._load_kernels(m.cuda.launches, self.bundle.cubins)
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
@@ -262,13 +264,26 @@ class CudaModel:
     # setup ---------------------------------------------------------------------------------------------
 
     def _load_kernels(self, launches, cubins) -> list[_Kernel]:
+        """The launches' kernels, with the global scratch they need allocated (before any graph captures its
+        address: the buffer only grows here, while the model is set up)."""
         kernels = []
         for launch, cubin in zip(launches, cubins):
             module, fn = self.device.load_function(self.archive.read(cubin.file), cubin.function, cubin.shared)
             self._modules.append(module)
             kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
-                                   launch.grid, "i32" if launch.index_bits == 32 else "i64", cubin.dependent))
+                                   launch.grid, "i32" if launch.index_bits == 32 else "i64", cubin.dependent,
+                                   cubin.global_scratch))
+        self.reserve_scratch(max((k.scratch for k in kernels), default=0))
         return kernels
+
+    def reserve_scratch(self, per_program: int) -> None:
+        """Global scratch for SM_COUNT programs of ``per_program`` bytes each: a kernel that needs it is persistent,
+        its grid at most SM_COUNT programs (SPEC §6a). Called only while no graph holds the old address."""
+        need = per_program * self.device.sm_count
+        if need > self._scratch[1]:
+            if self._scratch[0]:
+                self.device.free(self._scratch[0])
+            self._scratch = (self.device.alloc(need), need)
 
     def _upload_weights(self, arrays: dict) -> tuple[int, list]:
         specs = self.manifest.weights
@@ -314,7 +329,7 @@ class CudaModel:
                           "device memory back); load the package again to use it")
 
     def _free_memory(self) -> None:
-        for ptr in (self._workspace[0], self._weights_ptr, self._error):
+        for ptr in (self._workspace[0], self._weights_ptr, self._error, self._scratch[0]):
             if ptr:
                 self.device.free(ptr)
         self.device.free_host(self._error_host)
@@ -399,6 +414,7 @@ class CudaModel:
         """One ParamBlock and grid per kernel (default: the inference ones) for these buffer addresses and
         symbol values."""
         out = []
+        env = {**env, SM_COUNT: self.device.sm_count}
         for k in self._kernels if kernels is None else kernels:
             values, kinds = [], []
             for p in k.params:
@@ -413,7 +429,13 @@ class CudaModel:
                 values.append(ptr)
                 kinds.append("ptr")
             grid = tuple(ex.evaluate(g, env) for g in k.grid)
-            out.append((k, ParamBlock(values, kinds), grid))
+            if k.scratch and k.scratch * grid[0] * grid[1] * grid[2] > self._scratch[1]:
+                raise FormatError(
+                    f"kernel {k.name}: its grid {grid} needs {k.scratch} bytes of global scratch a program, more "
+                    f"than the {self._scratch[1]} reserved for {self.device.sm_count} programs; a kernel with "
+                    f"scratch must be persistent (grid min({SM_COUNT}, ...), SPEC §6a). The package is damaged: "
+                    "rebuild it")
+            out.append((k, ParamBlock(values, kinds, self._scratch[0] if k.scratch else 0), grid))
         return out
 
     def _launch_all(self, blocks: list, stream: int) -> None:

@@ -67,6 +67,8 @@ class Device:
         major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cc")
         minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cc")
         self.arch = major * 10 + minor
+        self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device),
+                              "multiprocessor count")
         self.programmatic_edges = self.arch >= 90  # build_graph: until the driver turns one down
         name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)
@@ -235,12 +237,13 @@ class Device:
 
 class ParamBlock:
     """The ``void**`` array cuLaunchKernel takes, built once per launch and shape: one ctypes value per
-    parameter (64-bit pointers, 32- or 64-bit symbols) plus the two scratch pointers Triton kernels end with."""
+    parameter (64-bit pointers, 32- or 64-bit symbols) plus the two scratch pointers Triton kernels end with:
+    ``scratch`` (global scratch, for a kernel that needs it) and a null profile scratch."""
 
-    def __init__(self, values: list, kinds: list):
+    def __init__(self, values: list, kinds: list, scratch: int = 0):
         self.values = [ctypes.c_uint64(v) if k == "ptr" else (ctypes.c_int32(v) if k == "i32" else ctypes.c_int64(v))
                        for v, k in zip(values, kinds)]
-        self.values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global scratch, profile scratch: unused
+        self.values += [ctypes.c_uint64(scratch), ctypes.c_uint64(0)]
         self.array = (ctypes.c_void_p * len(self.values))(*[ctypes.addressof(v) for v in self.values])
 
     @property
