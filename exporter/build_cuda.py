@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tcexport.formats.files import write_atomically
+from tcexport.formats.manifest import MAX_SCRATCH, SCRATCH_ALIGN
 
 from .codegen_triton import Launch, TritonModule
 from .errors import BuildError
@@ -36,7 +37,7 @@ class Cubin:
     function: str         # the entry's symbol name in the cubin
     shared: int           # dynamic shared memory bytes the launch must request
     num_warps: int
-    global_scratch: int   # bytes of global scratch per program (0 for every kernel tcexport generates today)
+    global_scratch: int   # bytes of global scratch per program (TMA descriptors of a persistent GEMM; else 0)
     global_scratch_align: int
     dependent: bool = False  # compiled with DEPENDENT: it may be launched as a programmatic dependent (sm_90+)
 
@@ -124,9 +125,11 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
 
 
 def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
-    """The loader passes the non-constexpr parameters in order, then two null scratch pointers; a Triton whose
-    kernels take anything else (or need global scratch) cannot be packaged by this tcexport. A kernel marked
-    dependent must wait for the grid before it, or the loader's programmatic edges would race."""
+    """The loader passes the non-constexpr parameters in order, then the global and the profile scratch
+    pointers; a Triton whose kernels take anything else cannot be packaged by this tcexport. Global scratch
+    (Triton's TMA descriptors, one region per program) is allocated for at most SM_COUNT programs, so only a
+    persistent launch may need it; the profile scratch pointer is always null. A kernel marked dependent must
+    wait for the grid before it, or the loader's programmatic edges would race."""
     if dependent and "griddepcontrol.wait" not in ptx:
         raise BuildError(f"kernel {launch.name}: compiled with DEPENDENT but its PTX has no griddepcontrol.wait "
                          f"(Triton {triton_version()}); use the Triton version pinned in pyproject.toml")
@@ -134,11 +137,15 @@ def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
     entry = entry[:entry.index(")")]
     n_params = entry.count(".param")
     expected = sum(1 for t in launch.signature.values() if t != "constexpr") + 2
-    if n_params != expected or md.global_scratch_size or md.profile_scratch_size:
+    scratch_ok = not md.global_scratch_size or (launch.persistent and md.global_scratch_size <= MAX_SCRATCH
+                                                 and SCRATCH_ALIGN % md.global_scratch_align == 0)
+    if n_params != expected or not scratch_ok or md.profile_scratch_size:
         raise BuildError(f"kernel {launch.name}: Triton {triton_version()} produced an entry with {n_params} "
-                         f"parameters (expected {expected}) and {md.global_scratch_size} bytes of global scratch "
-                         "(expected 0); this Triton version's launch ABI is not supported. Use the Triton version "
-                         "pinned in pyproject.toml.")
+                         f"parameters (expected {expected}), {md.global_scratch_size} bytes of global scratch "
+                         f"aligned to {md.global_scratch_align} (expected 0, or at most {MAX_SCRATCH} aligned to a "
+                         f"divisor of {SCRATCH_ALIGN} in a persistent kernel) and {md.profile_scratch_size} of "
+                         "profile scratch (expected 0); this Triton version's launch ABI is not supported. Use the "
+                         "Triton version pinned in pyproject.toml.")
 
 
 def cubin_arch(data: bytes) -> int:
@@ -152,7 +159,8 @@ def cubin_arch(data: bytes) -> int:
 
 def _cache_key(source: str, launch: Launch, arch: int) -> str:
     text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
-                       sorted(launch.constexprs.items()), shared_limit(arch), list(launch.aligned)])
+                       sorted(launch.constexprs.items()), shared_limit(arch), list(launch.aligned),
+                       launch.persistent])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -202,7 +210,8 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
         spec = Path(tmp) / f"jobs{k}.json"
         spec.write_text(json.dumps([{"path": p, "arch": a, "name": l.name, "signature": l.signature,
                                      "constexprs": l.constexprs, "num_warps": l.num_warps,
-                                     "num_stages": l.num_stages, "aligned": list(l.aligned)}
+                                     "num_stages": l.num_stages, "aligned": list(l.aligned),
+                                     "persistent": l.persistent}
                                     for p, l, a in chunk]))
         procs.append(subprocess.Popen([sys.executable, "-m", "tcexport.exporter.build_cuda", str(spec)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -223,7 +232,7 @@ def _worker_main(spec_path: str) -> int:
     out = []
     for j in jobs:
         launch = Launch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"],
-                        aligned=tuple(j["aligned"]))
+                        aligned=tuple(j["aligned"]), persistent=j["persistent"])
         try:
             c = _compile_job((j["path"], launch, j["arch"]))
         except BuildError as e:

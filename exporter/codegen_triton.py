@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
+from tcexport.formats.manifest import SM_COUNT
+
 from . import ir
 from .errors import BuildError
 from .fuse import Kernel
@@ -173,6 +175,7 @@ class Launch:
     source: str = ""
     index_bits: int = 32  # width of index arithmetic, and of the symbol parameters
     aligned: tuple = ()  # symbol parameters this launch runs with multiples of ALIGN only (compiled knowing it)
+    persistent: bool = False  # one program per SM at most (grid min(SM_COUNT, tiles)); may use global scratch
 
     def describe(self) -> str:
         grid = ", ".join(map(str, self.grid))
@@ -451,6 +454,7 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    persistent: bool = False  # one program per SM walking its tiles, TMA loads (TritonWriter._persistent_gemm)
 
 
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
@@ -466,7 +470,8 @@ DEPENDENT_TAIL = ["    if DEPENDENT:", "        gdc_launch_dependents()"]
 ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (TritonWriter._unaligned)
 
 
-def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False) -> GemmConfig:
+def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False,
+                tma: bool = False) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
     to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
     a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
@@ -475,7 +480,14 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     (3 stages) up to 16K columns, which gives such a GEMM twice the programs (GPT-2's MLP up-projection at 128
     rows: 5.6 us against 8.7), and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
-    K needs."""
+    K needs.
+
+    A vocabulary-sized N with many rows, when ``tma`` (both operands can be read through TMA descriptors,
+    TritonWriter._tma_views), is persistent: one program per SM walks its tiles and Triton pipelines the next
+    tile's loads under this one's epilogue. GPT-2's LM head at 1024 rows, 128x256x64 tiles: in the model 134 us
+    with 4 stages, against 175 us one program per tile, and a call 785 against 827 us (python -m
+    bench.gpu_lm_head_probe); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
+    without flattening the tile loop, it was no faster alone (python -m bench.gpu_persistent_gemm_probe)."""
     if dtype in HALF:
         if n_max is not None and n_max <= 1024 and not small_m:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 5
@@ -485,6 +497,8 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
         else:
             bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if small_m else (128, 256, 64, 8, 3)
+            if tma and not small_m:
+                return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, 4, persistent=True), m_max, n_max, k_max)
     elif dtype == "float32":
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3
     else:
@@ -496,10 +510,11 @@ def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int |
     """``cfg`` with each tile side cut to what its dim needs (at least 16, tl.dot's minimum)."""
     bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound)))
                   for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max)))
-    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages)
+    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent)
 
 
-def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None) -> list:
+def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None,
+                  tma: bool = False) -> list:
     """[(suffix, condition, config)]: one config, or, when M is symbolic and may exceed SMALL_M, a small-M
     variant and a large one. The condition is an integer expression, 1 where its variant runs and 0 elsewhere
     (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
@@ -507,8 +522,9 @@ def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: in
     m = sympy.sympify(m)
     small = gemm_config(dtype, m_max, n_max, k_max, small_m=True)
     if m.is_Integer or (m_max is not None and m_max <= SMALL_M):
-        return [("", sympy.Integer(1), small if (m_max or 0) <= SMALL_M else gemm_config(dtype, m_max, n_max, k_max))]
-    large = gemm_config(dtype, m_max, n_max, k_max)
+        return [("", sympy.Integer(1), small if (m_max or 0) <= SMALL_M else
+                 gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
+    large = gemm_config(dtype, m_max, n_max, k_max, tma=tma)
     if small == large:
         return [("", sympy.Integer(1), large)]
     return [("", sympy.Min(1, sympy.Max(0, m - SMALL_M)), large),
@@ -644,6 +660,7 @@ class TritonWriter:
         self.names = itertools.count()
         self.used: set = set()
         self.checked = False
+        self.persistent = False  # set by a template whose grid is min(SM_COUNT, ...)
         self.addresses: list = []  # (element offset, its tile's column variable) of the tile loads and stores
         self.kernel_id = launch_id
         body, grid, constexprs, warps, stages = generate()
@@ -663,7 +680,7 @@ class TritonWriter:
         args = ", ".join(names + [f"{c}: tl.constexpr" for c in constexprs] + ["DEPENDENT: tl.constexpr = False"])
         src = "\n".join(["@triton.jit", f"def {name}({args}):"] + DEPENDENT_HEAD + body + DEPENDENT_TAIL) + "\n"
         return Launch(name, params, signature, constexprs, grid, warps, stages, "\n".join(head) + "\n" + src,
-                      self.bits)
+                      self.bits, persistent=self.persistent)
 
     def _ub(self, e) -> int | None:
         return upper_bound(e, self.bounds)
@@ -932,26 +949,119 @@ class TritonWriter:
             m_max = SMALL_M if m_max is None else min(m_max, SMALL_M)
             return [("", k.when if k.when is not None else sympy.Integer(1),
                      gemm_config(dtype, m_max, n_max, k_max, small_m=True))]
+        tma = self._tma_views(g) is not None
         if k.when is not None:  # the rows above SMALL_M only (split_k.py took the others)
-            return [("", k.when, gemm_config(dtype, m_max, n_max, k_max))]
-        return gemm_variants(dtype, g.m, m_max, n_max, k_max)
+            return [("", k.when, gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
+        return gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma)
+
+    def _tma_views(self, g: ir.Gemm):
+        """(A's, B's) descriptor view, or None when a TMA descriptor cannot read an operand. Each view is
+        (descriptor dims, row stride, whether a loaded block is [K, rows] and needs a transpose): a 16-bit
+        unbatched operand at offset 0 with one contiguous dim and a static row stride of whole 16-byte units,
+        which is what TMA addresses (the buffer itself is 16-byte aligned, SPEC §6a), and dims below 2**31."""
+        dtypes = {self.prog.buffers[op.buffer].dtype for op in (g.a, g.b)}
+        if len(dtypes) != 1 or not dtypes <= set(HALF) or sympy.sympify(g.batch) != 1:
+            return None
+        if any(self._ub(e) is None or self._ub(e) > INT32_LIMIT for e in (g.m, g.n, g.k)):
+            return None
+        views = []
+        # A is [m, k] and B [k, n]: (dim a block's rows run along, the other dim) for each
+        for op, outer, inner in ((g.a, "M", "K"), (g.b, "K", "N")):
+            if op.index is not None or sympy.sympify(op.offset) != 0:
+                return None
+            row, col = sympy.sympify(op.row_stride), sympy.sympify(op.col_stride)
+            if col == 1 and row.is_Integer and int(row) % 8 == 0:
+                views.append(((outer, inner), int(row), False))
+            elif row == 1 and col.is_Integer and int(col) % 8 == 0:
+                views.append(((inner, outer), int(col), True))
+            else:
+                return None
+        return tuple(views)
+
+    def _persistent_gemm(self, g: ir.Gemm, cfg: GemmConfig, ind: str) -> tuple[list, str]:
+        """The persistent template's head, up to its accumulated tile: each program takes tiles
+        program_id, program_id + num_programs, ... in grouped order; the operands come in through TMA
+        descriptors (whose loads zero-fill past the dims, so no masks). Returns (lines, the tile loop's indent)."""
+        blocks = {"M": "BM", "N": "BN", "K": "BK"}
+        starts = {"M": "pid_m * BM", "N": "pid_n * BN", "K": "kk * BK"}
+        lines, loads = [], []
+        for name, op, (dims, stride, transposed) in zip(("a", "b"), (g.a, g.b), self._tma_views(g)):
+            lines.append(f"{ind}{name}_desc = tl.make_tensor_descriptor({op.buffer}, shape=[{dims[0]}, {dims[1]}], "
+                         f"strides=[{stride}, 1], block_shape=[{blocks[dims[0]]}, {blocks[dims[1]]}])")
+            loads.append(f"{name}_desc.load([{starts[dims[0]]}, {starts[dims[1]]}])" + (".T" if transposed else ""))
+        body = ind + "    "
+        cast = ".to(tl.int64)" if self.bits == 64 else ""
+        lines += [  # TMA takes 32-bit coordinates: the tile arithmetic stays 32-bit (the dims are below 2**31)
+            f"{ind}num_m = tl.cast(num_m, tl.int32)",
+            f"{ind}num_n = tl.cast(num_n, tl.int32)",
+            f"{ind}k_steps = tl.cast(tl.cdiv(K, BK), tl.int32)",
+            f"{ind}for tile in tl.range(tl.program_id(0), num_m * num_n, tl.num_programs(0), flatten=True):",
+            f"{body}group = GROUP_M * num_n",
+            f"{body}first_m = (tile // group) * GROUP_M",
+            f"{body}group_m = tl.minimum(num_m - first_m, GROUP_M)",
+            f"{body}pid_m = first_m + (tile % group) % group_m",
+            f"{body}pid_n = (tile % group) // group_m",
+            f"{body}acc = tl.zeros((BM, BN), dtype={TL_TYPE[g.acc_dtype]})",
+            f"{body}for kk in range(0, k_steps):",
+            f"{body}    a = {loads[0]}",
+            f"{body}    b = {loads[1]}",
+            f"{body}    acc = tl.dot(a, b, acc)",
+            # the tile's indices only after its loop (live across it, they took registers from the pipeline), and
+            # its mask in 32 bits: with 64-bit indices there, GPT-2's LM head kernel took 202 us alone against 143
+            # (python -m bench.gpu_lm_head_probe); the epilogue and the store take them widened
+            f"{body}rm = pid_m * BM + tl.arange(0, BM)",
+            f"{body}rn = pid_n * BN + tl.arange(0, BN)",
+            f"{body}mask = (rm[:, None] < tl.cast(M, tl.int32)) & (rn[None, :] < tl.cast(N, tl.int32))",
+        ]
+        if cast:
+            lines += [f"{body}rm = rm{cast}", f"{body}rn = rn{cast}"]
+        return lines, body
 
     def _gemm(self, k: Kernel, cfg: GemmConfig, when):
         node = k.stages[0].node
         g = node.gemm
         dtype = node.out.dtype
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
-        precision, widen_a, widen_b = self._dot_kind(g)
+        persistent = cfg.persistent and self._tma_views(g) is not None
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind = "    "
         lines = [
             f"{ind}M = {tindex(g.m)}",
             f"{ind}N = {tindex(g.n)}",
             f"{ind}K = {tindex(g.k)}",
-            f"{ind}pid = tl.program_id(0){cast}",
-            f"{ind}bid = tl.program_id(1){cast}",
             f"{ind}num_m = tl.cdiv(M, BM)",
             f"{ind}num_n = tl.cdiv(N, BN)",
+        ]
+        if persistent:
+            self.persistent = True
+            lines.append(f"{ind}bid = 0")
+            head, ind = self._persistent_gemm(g, cfg, ind)
+            lines += head
+        else:
+            lines += self._tile_gemm(g, cfg, cast, ind)
+            lines.append(f"{ind}mask = (rm[:, None] < M) & (rn[None, :] < N)")
+        if node.body is not None:
+            lines += self._gemm_coords(node, "rm[:, None]", "rn[None, :]", ind)
+        val = self._epilogue(node, "acc", "mask", ind, lines, self._axis_masks(node))
+        self.addresses.append(self._rows_address(g, g.n))
+        lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
+                     f"{self._stored(val, dtype)}, mask=mask)")
+        tiles = FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn)
+        if persistent:
+            grid = (sympy.Min(sympy.Symbol(SM_COUNT, integer=True, positive=True), tiles) * when,
+                    sympy.Integer(1), sympy.Integer(1))
+        else:
+            grid = (tiles * when, sympy.sympify(g.batch), sympy.Integer(1))
+        constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": cfg.group_m}
+        return lines, grid, constexprs, cfg.num_warps, cfg.num_stages
+
+    def _tile_gemm(self, g: ir.Gemm, cfg: GemmConfig, cast: str, ind: str) -> list[str]:
+        """The one-program-per-tile template's head, up to its accumulated tile: program (pid, bid) takes tile
+        pid of batch bid in grouped order, and reads the operands through pointers."""
+        precision, widen_a, widen_b = self._dot_kind(g)
+        lines = [
+            f"{ind}pid = tl.program_id(0){cast}",
+            f"{ind}bid = tl.program_id(1){cast}",
             f"{ind}group = GROUP_M * num_n",
             f"{ind}first_m = (pid // group) * GROUP_M",
             f"{ind}group_m = tl.minimum(num_m - first_m, GROUP_M)",
@@ -976,18 +1086,8 @@ class TritonWriter:
             f"{ind}    a = tl.load({a_ptrs}, mask={a_mask}, other=0.0){widen_a}",
             f"{ind}    b = tl.load({b_ptrs}" + (f", mask={b_mask}, other=0.0" if b_mask else "") + f"){widen_b}",
             f"{ind}    acc = tl.dot(a, b, acc{precision})",
-            f"{ind}mask = (rm[:, None] < M) & (rn[None, :] < N)",
         ]
-        if node.body is not None:
-            lines += self._gemm_coords(node, "rm[:, None]", "rn[None, :]", ind)
-        val = self._epilogue(node, "acc", "mask", ind, lines, self._axis_masks(node))
-        self.addresses.append(self._rows_address(g, g.n))
-        lines.append(f"{ind}tl.store({node.out.name} + bid * (M * N) + rm[:, None] * N + rn[None, :], "
-                     f"{self._stored(val, dtype)}, mask=mask)")
-        grid = (FloorDiv(g.m + cfg.bm - 1, cfg.bm) * FloorDiv(g.n + cfg.bn - 1, cfg.bn) * when,
-                sympy.sympify(g.batch), sympy.Integer(1))
-        constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": cfg.group_m}
-        return lines, grid, constexprs, cfg.num_warps, cfg.num_stages
+        return lines
 
     # --- attention kernels (fuse_attention.py) ---------------------------------------------------------
 

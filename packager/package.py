@@ -175,7 +175,7 @@ def cubin_members(st, members: dict, folder: str) -> dict[int, tuple]:
         for c in cubins:
             path = f"kernels/cuda-sm_{arch}/{folder}{c.kernel}.cubin"
             members[path] = c.data
-            files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps, c.dependent))
+            files.append(Cubin(c.kernel, path, c.function, c.shared, c.num_warps, c.dependent, c.global_scratch))
         out[arch] = tuple(files)
     return out
 
