@@ -10,7 +10,7 @@ import torch
 from bench.models import get
 from tcexport.exporter import export, codegen_triton
 import tcexport.loader as L
-from bench.run import time_calls
+from bench.run import compare_interleaved
 
 bm = get("gpt2-small")
 HEAD, TAIL = list(codegen_triton.DEPENDENT_HEAD), list(codegen_triton.DEPENDENT_TAIL)
@@ -35,14 +35,7 @@ paths = {place: build(place) for place in PLACES}
 models = {f"trigger {place}": L.load(path, device="cuda") for place, path in paths.items()}
 models["ordinary edges"] = L.load(paths["after the last store"], device="cuda", dependent_launch=False)
 inputs = {batch: bm.inputs(batch)[0].cuda() for batch in (1, 8)}
-res = {}
-for _ in range(3):
-    for batch, ids in inputs.items():
-        for name, m in models.items():
-            res.setdefault((batch, name), []).append(
-                time_calls(m, (ids,), "cuda", min_calls=60, min_seconds=0)["median_ms"] * 1e3)
-for (batch, name), ts in sorted(res.items()):
-    print(f"batch {batch} {name:28s} " + " ".join(f"{t:7.1f}" for t in ts) + f"  min {min(ts):7.1f} us", flush=True)
+compare_interleaved(models, inputs)
 want = models["ordinary edges"](inputs[8])
 for name, m in models.items():
     assert torch.equal(m(inputs[8]), want), name  # the same kernels, so the same bits

@@ -89,6 +89,22 @@ def time_calls(fn, xs, device: str, warmup: int = 5, min_calls: int = 30, min_se
     return {"median_ms": statistics.median(ms), "p10_ms": q(0.1), "p90_ms": q(0.9), "calls": len(ms)}
 
 
+def compare_interleaved(models: dict, inputs: dict, rounds: int = 3, width: int = 28) -> dict:
+    """A/B timing on a GPU: every model on every batch's inputs (``inputs``: batch -> tensor), ``rounds`` times
+    interleaved so that a drift of the machine shows in every row alike; prints, per batch and model, each round's
+    median call (time_calls: CUDA events, 60 calls) and the least, in us; returns {(batch, name): [us, ...]}."""
+    res: dict = {}
+    for _ in range(rounds):
+        for batch, x in inputs.items():
+            for name, m in models.items():
+                res.setdefault((batch, name), []).append(
+                    time_calls(m, (x,), "cuda", min_calls=60, min_seconds=0)["median_ms"] * 1e3)
+    for (batch, name), ts in sorted(res.items()):
+        print(f"batch {batch} {name:{width}s} " + " ".join(f"{t:7.1f}" for t in ts) + f"  min {min(ts):7.1f} us",
+              flush=True)
+    return res
+
+
 def cold_start(code: str, runs: int, env_extra: dict | None = None) -> dict:
     """Median of several fresh processes, each from its first import to its first result."""
     samples = []
