@@ -152,7 +152,7 @@ class Bench:
                 raise BuildError(f"kernel {k.name}: other tiles changed its parameters; not tuned")
         module, fn = self.device.load_function(cubin.data, cubin.function, cubin.shared)
         self.modules.append(module)
-        self.model.reserve_scratch(cubin.global_scratch)  # before swap() drops the graphs holding the old one
+        self.model.reserve_scratch(cubin.global_scratch)
         return [_Kernel(k.name, fn, cubin.num_warps * 32, cubin.shared, k.params,
                         tuple(to_expr(g) for g in regen[k.name].grid), k.symbol_kind, cubin.dependent,
                         cubin.global_scratch)

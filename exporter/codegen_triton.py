@@ -978,7 +978,7 @@ class TritonWriter:
                 return None
         return tuple(views)
 
-    def _persistent_gemm(self, g: ir.Gemm, cfg: GemmConfig, ind: str) -> tuple[list, str]:
+    def _persistent_gemm(self, g: ir.Gemm, cast: str, ind: str) -> tuple[list, str]:
         """The persistent template's head, up to its accumulated tile: each program takes tiles
         program_id, program_id + num_programs, ... in grouped order; the operands come in through TMA
         descriptors (whose loads zero-fill past the dims, so no masks). Returns (lines, the tile loop's indent)."""
@@ -990,7 +990,6 @@ class TritonWriter:
                          f"strides=[{stride}, 1], block_shape=[{blocks[dims[0]]}, {blocks[dims[1]]}])")
             loads.append(f"{name}_desc.load([{starts[dims[0]]}, {starts[dims[1]]}])" + (".T" if transposed else ""))
         body = ind + "    "
-        cast = ".to(tl.int64)" if self.bits == 64 else ""
         lines += [  # TMA takes 32-bit coordinates: the tile arithmetic stays 32-bit (the dims are below 2**31)
             f"{ind}num_m = tl.cast(num_m, tl.int32)",
             f"{ind}num_n = tl.cast(num_n, tl.int32)",
@@ -1022,7 +1021,7 @@ class TritonWriter:
         g = node.gemm
         dtype = node.out.dtype
         self.used |= {g.a.buffer, g.b.buffer, node.out.name}
-        persistent = cfg.persistent and self._tma_views(g) is not None
+        persistent = cfg.persistent  # gemm_config's, given that _tma_views reads both operands
         cast = ".to(tl.int64)" if self.bits == 64 else ""
         ind = "    "
         lines = [
@@ -1035,7 +1034,7 @@ class TritonWriter:
         if persistent:
             self.persistent = True
             lines.append(f"{ind}bid = 0")
-            head, ind = self._persistent_gemm(g, cfg, ind)
+            head, ind = self._persistent_gemm(g, cast, ind)
             lines += head
         else:
             lines += self._tile_gemm(g, cfg, cast, ind)

@@ -239,6 +239,7 @@ class CudaModel:
         self._plan = GuardPlan(m)
         self._modules = []
         self._scratch = (0, 0)  # (pointer, bytes): global scratch for SM_COUNT programs of any kernel (_load_kernels)
+        self._graph_cache: OrderedDict = OrderedDict()
         self._kernels = self._load_kernels(m.cuda.launches, self.bundle.cubins)
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
@@ -252,7 +253,6 @@ class CudaModel:
         self._probe = device.event() if self._checked and check_indices else None
         self._done = device.event()
         self._last_stream = None
-        self._graph_cache: OrderedDict = OrderedDict()
         self._workspace = (0, 0)  # (pointer, bytes) for calls without graphs
         self._out_specs = [(s.shape, s.dtype) for s in m.outputs]
         self._input_names = [s.name for s in m.inputs]
@@ -264,8 +264,7 @@ class CudaModel:
     # setup ---------------------------------------------------------------------------------------------
 
     def _load_kernels(self, launches, cubins) -> list[_Kernel]:
-        """The launches' kernels, with the global scratch they need allocated (before any graph captures its
-        address: the buffer only grows here, while the model is set up)."""
+        """The launches' kernels, with the global scratch they need reserved."""
         kernels = []
         for launch, cubin in zip(launches, cubins):
             module, fn = self.device.load_function(self.archive.read(cubin.file), cubin.function, cubin.shared)
@@ -278,10 +277,15 @@ class CudaModel:
 
     def reserve_scratch(self, per_program: int) -> None:
         """Global scratch for SM_COUNT programs of ``per_program`` bytes each: a kernel that needs it is persistent,
-        its grid at most SM_COUNT programs (SPEC §6a). Called only while no graph holds the old address."""
+        its grid at most SM_COUNT programs (SPEC §6a). Growing it drops the captured graphs, which hold the old
+        address (none yet while the model loads its kernels)."""
         need = per_program * self.device.sm_count
         if need > self._scratch[1]:
+            for g in self._graph_cache.values():
+                self._drop(g)
+            self._graph_cache.clear()
             if self._scratch[0]:
+                self.device.synchronize_context()  # direct launches may still read the old buffer
                 self.device.free(self._scratch[0])
             self._scratch = (self.device.alloc(need), need)
 
