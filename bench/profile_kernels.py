@@ -31,7 +31,7 @@ def instrument(cpp: str) -> tuple[str, list[str]]:
 
 
 def main(argv=None) -> None:
-    from tcexport.exporter.build import BASE_FLAGS, ISA_FLAGS, compiler
+    from tcexport.exporter.build import BASE_FLAGS, ISA_LEVELS, compiler, isa_flags
     from tcexport.exporter.model_file import load_model_file
     from tcexport.exporter.pipeline import export
     import tcexport.loader as L
@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     cpp, names = instrument(model.archive.read("src/cpu/model.cpp").decode())
     (tmp / "prof.cpp").write_text(cpp)
     isa = model.isa
-    subprocess.run([compiler(), *BASE_FLAGS, "-w", f"-march={isa}", *ISA_FLAGS.get(isa, ()), "prof.cpp", "-o", "prof.so"],
+    subprocess.run([compiler(), *BASE_FLAGS, "-w", *isa_flags(next(i for i in ISA_LEVELS if i.name == isa)), "prof.cpp", "-o", "prof.so"],
                    cwd=tmp, check=True)
     lib = ctypes.CDLL(str(tmp / "prof.so"))
     lib.tc_prof_ptr.restype = ctypes.POINTER(ctypes.c_double)

@@ -25,6 +25,8 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import detect_fake_mode
 from torch.export.graph_signature import InputKind, OutputKind
 
+from tcexport.formats.abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY as FORWARD_ENTRY  # names the ABI fixes
+
 from . import lower_grad  # noqa: F401 (lowering rules for the ops only backward graphs use)
 from .capture import Captured, decomposition_table
 from .errors import CaptureError
@@ -198,8 +200,6 @@ def _check_grad_inputs(grad_inputs, user_names: dict, placeholders, specs, spec:
             raise CaptureError(f"--grad-inputs names {user_names[s.arg.name]!r}, a {node.meta['val'].dtype} input; "
                                f"only floating-point inputs have gradients. Drop it from --grad-inputs.")
 
-
-FORWARD_ENTRY, BACKWARD_ENTRY = "tc_run_train_forward", "tc_run_backward"
 
 
 def entries(tg: TrainingGraphs) -> list[tuple[str, Captured]]:

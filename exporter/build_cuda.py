@@ -15,14 +15,16 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tcexport.formats.files import write_atomically
+from tcexport.formats.cubin import cubin_arch
+from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import MAX_SCRATCH, SCRATCH_ALIGN
 
+from .build import build_folder, print_warning, warn_once
+from .build_cache import BuildCache
 from .codegen_triton import Launch, TritonModule
 from .errors import BuildError
 
@@ -148,15 +150,6 @@ def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
                          "Triton version pinned in pyproject.toml.")
 
 
-def cubin_arch(data: bytes) -> int:
-    """The sm_XX a cubin is for, from its ELF header (EI_ABIVERSION 7 keeps it in e_flags' low byte, 8 in the
-    next one)."""
-    if data[:4] != b"\x7fELF" or int.from_bytes(data[18:20], "little") != 190:  # EM_CUDA
-        raise BuildError("not a CUDA ELF (cubin)")
-    flags = int.from_bytes(data[48:52], "little")
-    return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
-
-
 def _cache_key(source: str, launch: Launch, arch: int) -> str:
     text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
                        sorted(launch.constexprs.items()), shared_limit(arch), list(launch.aligned),
@@ -165,39 +158,65 @@ def _cache_key(source: str, launch: Launch, arch: int) -> str:
 
 
 def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dict[int, list[Cubin]]:
-    """Every kernel for every arch, in launch order; cached by content."""
+    """Every kernel for every arch, in launch order; cached by content (build_cache.py: a cached cubin is reused
+    only if it hashes as stored, is for this arch and holds this kernel)."""
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    cache = cache_dir / "cuda"
-    cache.mkdir(parents=True, exist_ok=True)
-    out: dict[int, list[Cubin]] = {}
+    warn = warn_once(print_warning)
+    cache = BuildCache.open(cache_dir / "cuda", warn)   # None: build uncached (a warning said why)
+    try:
+        out, todo = _cached_cubins(module, archs, cache)
+        if todo:
+            with build_folder("tcexport-triton-") as tmp:
+                path = Path(tmp) / f"{MODULE_NAME}.py"
+                path.write_text(module.source)
+                jobs = [(str(path), launch, arch) for arch, _, launch, _ in todo]
+                workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
+                results = [_compile_job(job) for job in jobs] if workers == 1 else \
+                    _compile_in_processes(jobs, workers, tmp)
+            for (arch, i, _, key), c in zip(todo, results):
+                out[arch][i] = c
+                if cache is not None:
+                    cache.put(key, ".cubin", c.data, {
+                        "function": c.function, "shared": c.shared, "num_warps": c.num_warps,
+                        "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align,
+                        "dependent": c.dependent})
+        return out
+    finally:
+        if cache is not None:
+            cache.close()
+
+
+def _cached_cubins(module: TritonModule, archs: list[int], cache: BuildCache | None) -> tuple[dict, list]:
+    """The cubins the cache holds (None where it does not) and the (arch, index, launch, key) left to compile."""
+    out: dict[int, list] = {}
     todo = []
     for arch in archs:
         for launch in module.launches:
             key = _cache_key(module.source, launch, arch)
-            meta, data = cache / f"{key}.json", cache / f"{key}.cubin"
-            if meta.is_file() and data.is_file():
-                m = json.loads(meta.read_text())
-                out.setdefault(arch, []).append(Cubin(launch.name, arch, data.read_bytes(), m["function"],
-                                                      m["shared"], m["num_warps"], m["global_scratch"],
-                                                      m["global_scratch_align"], m.get("dependent", False)))
-            else:
-                out.setdefault(arch, []).append(None)
+            hit = cache.get(key, ".cubin", lambda data, arch=arch: _is_cubin_for(data, arch)) \
+                if cache is not None else None
+            cubin = _from_record(launch, arch, *hit) if hit is not None else None
+            out.setdefault(arch, []).append(cubin)
+            if cubin is None:
                 todo.append((arch, len(out[arch]) - 1, launch, key))
-    if todo:
-        with tempfile.TemporaryDirectory(prefix="tcexport-triton-") as tmp:
-            path = Path(tmp) / f"{MODULE_NAME}.py"
-            path.write_text(module.source)
-            jobs = [(str(path), launch, arch) for arch, _, launch, _ in todo]
-            workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
-            results = [_compile_job(job) for job in jobs] if workers == 1 else _compile_in_processes(jobs, workers, tmp)
-        for (arch, i, _, key), c in zip(todo, results):
-            out[arch][i] = c
-            write_atomically(cache / f"{key}.cubin", c.data)
-            write_atomically(cache / f"{key}.json", json.dumps(
-                {"function": c.function, "shared": c.shared, "num_warps": c.num_warps,
-                 "global_scratch": c.global_scratch, "global_scratch_align": c.global_scratch_align,
-                 "dependent": c.dependent}).encode())
-    return out
+    return out, todo
+
+
+def _is_cubin_for(data: bytes, arch: int) -> bool:
+    try:
+        return cubin_arch(data) == arch
+    except FormatError:
+        return False
+
+
+def _from_record(launch: Launch, arch: int, data: bytes, m: dict) -> Cubin | None:
+    """The cached cubin, if its record is complete and its function is in the binary."""
+    try:
+        c = Cubin(launch.name, arch, data, str(m["function"]), int(m["shared"]), int(m["num_warps"]),
+                  int(m["global_scratch"]), int(m["global_scratch_align"]), bool(m.get("dependent", False)))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return c if c.function.encode() in data else None
 
 
 def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:

@@ -1,9 +1,12 @@
 """`tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify]
 [--autotune [--autotune-at SIZES]... | --tuning PKG]`.
 
-Exit codes: 0 success; 2 usage error; 10-15 export errors (see exporter/errors.py: 11 model file, 12 dynamic
-spec, 13 capture, 14 unsupported op, 15 build); 20 `--verify` found a mismatch; other TcError codes as in
-formats/errors.py.
+Exit codes: 0 success; 2 usage error; 10-17 export errors (see exporter/errors.py: 11 model file, 12 dynamic
+spec, 13 capture, 14 unsupported op, 15 build, 16 ONNX export, 17 output: the package, the ONNX file, the --dump
+folder or a build folder could not be written, e.g. a read-only folder or a full disk); 20 `--verify` found a
+mismatch; 70 internal error (a tcexport bug: the traceback goes to stderr); other TcError codes as in
+formats/errors.py. With --json every failure, a bug included, still prints one JSON object on stdout:
+{"ok": false, "error": NAME, "message": TEXT, "exit_code": CODE}.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import List, Optional
 
@@ -18,8 +22,11 @@ import typer
 
 from tcexport.formats.errors import TcError
 
+from .errors import output_error
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 VERIFY_FAILED = 20
+INTERNAL_ERROR = 70   # sysexits' EX_SOFTWARE
 
 
 def _progress(quiet: bool):
@@ -55,6 +62,8 @@ def export(
                                           "at, e.g. batch=8 (repeatable; default: the example inputs)"),
     tuning: Optional[Path] = typer.Option(None, "--tuning", help="build with the tuning recorded in this "
                                           ".tcpkg (made with --autotune): no GPU needed, same archive"),
+    sign_key: Optional[Path] = typer.Option(None, "--sign-key", help="sign the package with this ed25519 private "
+                                            "key (PEM; openssl genpkey -algorithm ed25519 -out KEY.pem)"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
     from . import pipeline, verify as verify_mod
@@ -67,15 +76,22 @@ def export(
         if not quiet:
             print(f"exporting {model_file} -> {out}", file=sys.stderr)
         spec = load_model_file(model_file)
+        if sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
+            from tcexport.formats.attestation import load_private_key
+            load_private_key(sign_key, "--sign-key")
         pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
                               dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
                               source_path=str(model_file),
                               onnx="embed" if onnx_embed else "file" if onnx else None, backward=backward,
                               grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()],
                               autotune=autotune, autotune_at=autotune_at, tuning=tuning)
-        pkg.save(out)
+        try:
+            pkg.save(out, sign_key=sign_key)
+        except OSError as e:
+            raise output_error("the package", out, e, "pass another path with -o") from e
         seconds = time.perf_counter() - t0
         summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),
+                   "digest": _digest(out), "signed": sign_key is not None,
                    "stages": {k: round(v, 3) for k, v in pkg.timings.items()},
                    "inputs": [_spec_json(s) for s in pkg.manifest.inputs],
                    "outputs": [_spec_json(s) for s in pkg.manifest.outputs],
@@ -105,12 +121,35 @@ def export(
                 raise typer.Exit(VERIFY_FAILED)
         _finish(summary, as_json)
     except TcError as e:
-        if as_json:
-            print(json.dumps({"ok": False, "error": type(e).__name__, "message": str(e),
-                              "exit_code": e.exit_code}, indent=1))
-        else:
-            print(f"error: {e}", file=sys.stderr)
-        raise typer.Exit(e.exit_code)
+        _fail(type(e).__name__, str(e), e.exit_code, as_json)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug: the report still has to reach the caller, --json or not
+        traceback.print_exc()
+        _fail("InternalError", f"tcexport failed with {type(e).__name__}: {e} (a tcexport bug; please report it "
+              "with the traceback printed on stderr)", INTERNAL_ERROR, as_json)
+
+
+def _fail(error: str, message: str, exit_code: int, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"ok": False, "error": error, "message": message, "exit_code": exit_code}, indent=1))
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(exit_code)
+
+
+def _digest(path: Path) -> str:
+    """The package digest of what was just written (the SHA-256 of its manifest as stored, SPEC §7)."""
+    from tcexport.formats.attestation import package_digest
+    from tcexport.formats.container import read_directory
+
+    with open(path, "rb") as f:
+        def read_at(offset: int, count: int) -> bytes:
+            f.seek(offset)
+            return f.read(count)
+        entries = read_directory(read_at, path.stat().st_size, str(path)).entries
+        manifest = next(e for e in entries if e.name == "manifest.json")
+        return package_digest(read_at(manifest.offset, manifest.size))
 
 
 def _expr_text(e) -> str:

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sympy
+
+from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO
+
+ISA_PLACEHOLDER = "@isa@"  # stands for the isa in the descriptor given to ``generate`` (see descriptor_function)
+
 from . import ir
 from .fuse import Kernel, qvar
 from .index_text import IndexText
@@ -546,15 +551,34 @@ class CppKernelWriter:
 
 
 def generate(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: list[str],
-             extra_entries: tuple = ()) -> str:
+             extra_entries: tuple = (), descriptor: bytes = b"") -> str:
     """The translation unit: ``prog`` behind ``tc_run``, and each ``(entry, program, kernels, plan)`` of
     ``extra_entries`` (a training forward, a backward) behind its own entry point of the same C ABI, in a
     namespace of its own (``<entry>_graph``). ``blas`` names the routines of every graph: one context serves
-    all entries."""
+    all entries. ``descriptor`` (formats/abi.py) is compiled in as ``tc_abi_descriptor``, so the library says
+    itself what it was built for and the loader can refuse a manifest that disagrees."""
     graphs = [_graph(prog, kernels, plan, blas, "tc_run")]
     graphs += [f"namespace {entry}_graph {{\n{_graph(p, ks, m, blas, entry)}}}  // namespace {entry}_graph\n"
                for entry, p, ks, m in extra_entries]
-    return "\n".join([PRELUDE] + graphs)
+    return "\n".join([PRELUDE, descriptor_function(descriptor)] + graphs)
+
+
+def descriptor_function(descriptor: bytes) -> str:
+    """``tc_abi_descriptor``: the descriptor's bytes as a C string literal in pieces (it is ASCII JSON; only
+    the backslash and the quote need escaping), and its length. One source serves every ISA level, so the
+    descriptor's isa (``ISA_PLACEHOLDER``) is the ``TC_ISA`` macro each build defines."""
+    before, _, after = descriptor.decode("ascii").partition(f'"{ISA_PLACEHOLDER}"')
+    escape = lambda piece: piece.replace("\\", "\\\\").replace('"', '\\"')
+    chunks = lambda text: [f'      "{escape(text[k:k + 96])}"' for k in range(0, len(text), 96)]
+    pieces = "\n".join(chunks(before + '"') + [f"      {ISA_MACRO}"] + chunks('"' + after))
+    return "\n".join([
+        f'extern "C" const char* {DESCRIPTOR_SYMBOL}(int64_t* size) {{',
+        "  static const char text[] =",
+        pieces + ";",
+        "  if (size) *size = (int64_t)(sizeof(text) - 1);",
+        "  return text;",
+        "}",
+        ""])
 
 
 def _graph(prog: ir.Program, kernels: list[Kernel], plan: MemoryPlan, blas: list[str], entry: str) -> str:

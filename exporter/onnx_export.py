@@ -8,14 +8,14 @@ Export goes through ``torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`` 
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
 
 from tcexport.formats.files import write_atomically
 
-from .errors import ExportError
+from .build import build_folder
+from .errors import ExportError, output_error
 from .model_file import ModelSpec
 
 
@@ -38,7 +38,7 @@ def export_onnx_bytes(spec: ModelSpec, shapes: dict | None) -> tuple[bytes, int]
                                         input_names=list(spec.input_names), verbose=False)
     except Exception as e:
         raise OnnxExportError(f"torch.onnx.export failed for {spec.path}: {type(e).__name__}: {e}") from e
-    with tempfile.TemporaryDirectory(prefix="tcexport-onnx-") as tmp:
+    with build_folder("tcexport-onnx-") as tmp:
         path = Path(tmp) / "model.onnx"
         program.save(str(path))
         if any(p.name != "model.onnx" for p in Path(tmp).iterdir()):
@@ -54,5 +54,9 @@ def export_onnx_bytes(spec: ModelSpec, shapes: dict | None) -> tuple[bytes, int]
 
 
 def write_onnx(data: bytes, path: Path) -> Path:
-    """Atomically, like the archive: a temp file in the same folder, then rename."""
-    return write_atomically(path, data)
+    """Atomically, like the archive: a temp file in the same folder, then rename; failing is an OutputError."""
+    try:
+        return write_atomically(path, data)
+    except OSError as e:
+        raise output_error("the ONNX file", path, e, "pass another path with -o (the ONNX file goes next to the "
+                           "package)") from e

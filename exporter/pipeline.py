@@ -20,7 +20,7 @@ import torch
 from . import build as build_mod
 from . import capture as capture_mod
 from . import codegen_cpp, codegen_triton, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
-from .errors import ExportError
+from .errors import ExportError, output_error
 from .model_file import ModelSpec, forward_input_names
 
 TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
@@ -41,6 +41,7 @@ class State:
     memory: object = None
     blas: list = field(default_factory=list)
     cpp: str = ""
+    descriptor: bytes = b""                           # the interface compiled into the library (formats/abi.py)
     libraries: dict = field(default_factory=dict)
     triton: object = None                             # codegen_triton.TritonModule
     cuda_kernels: list = field(default_factory=list)  # the GPU's kernel list (attention fused: fuse_attention.py)
@@ -124,12 +125,16 @@ def stage_codegen(st: State) -> str:
     dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
     st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
     extra = tuple((entry, g.program, g.kernels, g.memory) for entry, g in st.train_states.items())
-    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra)
+    from tcexport.formats.abi import descriptor
+    from tcexport.packager.package import interface
+
+    st.descriptor = descriptor(interface(st), codegen_cpp.ISA_PLACEHOLDER)
+    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra, st.descriptor)
     return st.cpp
 
 
 def stage_build(st: State) -> str:
-    st.libraries = build_mod.build_all(st.cpp, cache_dir=st.cache_dir)
+    st.libraries = build_mod.build_all(st.cpp, cache_dir=st.cache_dir, descriptor=st.descriptor)
     return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in st.libraries.items())
 
 
@@ -206,10 +211,20 @@ def stage_onnx(st: State) -> str:
     return f"ONNX opset {st.onnx[1]}, {len(st.onnx[0])} bytes"
 
 
+def _write_dump(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise output_error("the --dump folder", path.parent, e, "pass another folder to --dump") from e
+
+
 def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, float], None] | None = None,
                onnx: bool = False) -> State:
     if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
+        try:
+            dump.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise output_error("the --dump folder", dump, e, "pass another folder to --dump") from e
     for name, fn, dump_name, when in STAGES + ([("onnx", stage_onnx, "onnx.txt", lambda st: True)] if onnx else []):
         if not when(st):
             continue
@@ -217,7 +232,7 @@ def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, flo
         text = fn(st)
         st.timings[name] = time.perf_counter() - t0
         if dump is not None:
-            (dump / dump_name).write_text(text)
+            _write_dump(dump / dump_name, text)
         if on_stage is not None:
             on_stage(name, st.timings[name])
     return st

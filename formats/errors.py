@@ -6,6 +6,17 @@ The exporter raises subclasses of these too, so one ``except TcError`` catches e
 
 from __future__ import annotations
 
+import json
+
+
+def clip(value, limit: int = 120) -> str:
+    """A value for a message, as JSON and cut short: a hostile archive's field can be megabytes long."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 class TcError(Exception):
     """Base of every error tcexport raises on purpose; ``exit_code`` is what the CLIs exit with."""
@@ -25,6 +36,15 @@ class IntegrityError(FormatError):
 
 class VersionError(FormatError):
     """The archive's format major version is newer than this loader understands."""
+
+
+class SignatureError(IntegrityError):
+    """Trusted keys are configured and the package does not carry a valid signature by one of them: it is
+    unsigned, signed by another key, or altered after signing (any altered byte counts). Also raised when the
+    trusted keys themselves cannot be read, or cryptography is missing: a loader told to check signatures never
+    skips the check."""
+
+    exit_code = 8
 
 
 class TargetError(TcError):
@@ -80,6 +100,18 @@ class SymbolConflictError(GuardError):
 
 class RelationError(GuardError):
     """A relation between symbols that export recorded (e.g. divisibility) does not hold."""
+
+
+class WorkspaceLimitError(GuardError):
+    """A call would need more scratch memory than the model was loaded to allow (``max_workspace_bytes``), or
+    more than the machine could allocate. Raised before any kernel runs."""
+
+
+class CacheError(TcError):
+    """The kernel cache directory is unsafe to load native code from (owned by another user, writable by group
+    or others, a symlink) or cannot be used."""
+
+    exit_code = 9
 
 
 class RuntimeKernelError(TcError):

@@ -1,7 +1,9 @@
 """The expression form stored in a manifest for sizes, offsets, launch grids and guards.
 
 An expression is JSON: an integer literal, a symbol name (a string), or a list ``[op, arg, ...]``.
-The loader evaluates it here, over Python integers (no overflow, no ``eval``). See formats/SPEC.md.
+The loader evaluates it here, over Python integers (no ``eval``), and every literal and every intermediate value
+must fit in 64 signed bits: a hostile manifest cannot make evaluation run for minutes on huge products, and no
+value a kernel receives (it takes int64 symbols) can wrap around. See formats/SPEC.md.
 
     ["+", a, b, ...]   sum                 ["*", a, b, ...]   product
     ["-", a, b]        difference          ["//", a, b]       floor division (b > 0)
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Union
 
-from .errors import FormatError
+from .errors import FormatError, clip
 
 Expr = Union[int, str, list]
 
@@ -27,6 +29,18 @@ _BINARY = {"-", "//", "%", "==", "!=", "<", "<="}
 _UNARY = {"not"}
 OPS = _NARY | _BINARY | _UNARY
 MAX_DEPTH = 64
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _bounded(v: int) -> int:
+    if not INT_MIN <= v <= INT_MAX:
+        raise FormatError(f"expression value {_short(v)} does not fit in 64 signed bits")
+    return v
+
+
+def _short(v: int) -> str:
+    """A huge integer's sign and bit length: printing it in decimal is quadratic in its size."""
+    return str(v) if v.bit_length() <= 64 else f"{'-' if v < 0 else ''}2^{v.bit_length() - 1}..."
 
 
 def validate(expr: Expr, symbols: set[str] | None = None, where: str = "expression", _depth: int = 0) -> None:
@@ -34,24 +48,33 @@ def validate(expr: Expr, symbols: set[str] | None = None, where: str = "expressi
     if _depth > MAX_DEPTH:
         raise FormatError(f"{where}: expression nests deeper than {MAX_DEPTH} levels")
     if isinstance(expr, bool) or not isinstance(expr, (int, str, list)):
-        raise FormatError(f"{where}: expected an integer, a symbol name or [op, args...], found {expr!r}")
+        raise FormatError(f"{where}: expected an integer, a symbol name or [op, args...], found {_clip(expr)}")
     if isinstance(expr, str):
         if not SYMBOL_RE.match(expr):
-            raise FormatError(f"{where}: {expr!r} is not a valid symbol name")
+            raise FormatError(f"{where}: {expr[:80]!r} is not a valid symbol name")
         if symbols is not None and expr not in symbols:
             raise FormatError(f"{where}: symbol {expr!r} is not declared in the manifest's symbols "
                               f"(declared: {sorted(symbols)})")
         return
     if isinstance(expr, int):
+        if not INT_MIN <= expr <= INT_MAX:
+            raise FormatError(f"{where}: integer {_short(expr)} does not fit in 64 signed bits")
         return
     if not expr or not isinstance(expr[0], str) or expr[0] not in OPS:
-        raise FormatError(f"{where}: unknown operator in {expr!r}; known: {sorted(OPS)}")
+        raise FormatError(f"{where}: unknown operator in {_clip(expr)}; known: {sorted(OPS)}")
     op, args = expr[0], expr[1:]
     arity_ok = (len(args) >= 1 if op in _NARY else len(args) == 2 if op in _BINARY else len(args) == 1)
     if not arity_ok:
-        raise FormatError(f"{where}: operator {op!r} got {len(args)} argument(s) in {expr!r}")
+        raise FormatError(f"{where}: operator {op!r} got {len(args)} argument(s) in {_clip(expr)}")
     for a in args:
         validate(a, symbols, where, _depth + 1)
+
+
+def _clip(value, limit: int = 120) -> str:
+    """A value for a message, cut short: a hostile manifest's expression can be megabytes long."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _short(value)
+    return clip(value, limit) if isinstance(value, (list, dict)) else repr(value)[:limit]
 
 
 def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
@@ -66,12 +89,9 @@ def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
     op = expr[0]
     vals = [evaluate(a, env) for a in expr[1:]]
     if op == "+":
-        return sum(vals)
+        return _bounded(sum(vals))
     if op == "*":
-        out = 1
-        for v in vals:
-            out *= v
-        return out
+        return _product(vals)
     if op == "max":
         return max(vals)
     if op == "min":
@@ -84,7 +104,7 @@ def evaluate(expr: Expr, env: Mapping[str, int]) -> int:
         return int(not vals[0])
     a, b = vals
     if op == "-":
-        return a - b
+        return _bounded(a - b)
     if op in ("//", "%"):
         if b <= 0:
             raise FormatError(f"division by {b} while evaluating {to_text(expr)}")
@@ -129,11 +149,11 @@ def compile_expr(expr: Expr):
         return lambda env: env[expr]
     op, args = expr[0], tuple(compile_expr(a) for a in expr[1:])
     if op == "+":
-        return (lambda env: args[0](env) + args[1](env)) if len(args) == 2 else \
-            (lambda env: sum(a(env) for a in args))
+        return (lambda env: _bounded(args[0](env) + args[1](env))) if len(args) == 2 else \
+            (lambda env: _bounded(sum(a(env) for a in args)))
     if op == "*":
         if len(args) == 2:
-            return lambda env: args[0](env) * args[1](env)
+            return lambda env: _bounded(args[0](env) * args[1](env))
         return lambda env: _product(a(env) for a in args)
     if op in ("//", "%"):
         a, b = args
@@ -149,14 +169,16 @@ def _divide(op: str, a: int, b: int) -> int:
 
 
 def _product(values) -> int:
+    """Checked after every factor, so no intermediate value grows past 64 bits (a chain of huge factors would
+    otherwise take time quadratic in its digits)."""
     out = 1
     for v in values:
-        out *= v
+        out = _bounded(out * v)
     return out
 
 
 _COMPILED = {
-    "-": lambda v: v[0] - v[1], "max": max, "min": min,
+    "-": lambda v: _bounded(v[0] - v[1]), "max": max, "min": min,
     "==": lambda v: int(v[0] == v[1]), "!=": lambda v: int(v[0] != v[1]),
     "<": lambda v: int(v[0] < v[1]), "<=": lambda v: int(v[0] <= v[1]),
     "and": lambda v: int(all(v)), "or": lambda v: int(any(v)), "not": lambda v: int(not v[0]),

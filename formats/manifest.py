@@ -8,14 +8,17 @@ loader never meets a malformed field deep inside a call.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import expr as ex
-from .errors import FormatError, VersionError
+from .abi import check_bundle
+from .errors import FormatError, VersionError, clip as _clip
+from .members import check_member_name
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 6)
+FORMAT_VERSION = (1, 7)
 # a launch grid may name this besides the model's symbols (1.6, SPEC §6a): the GPU's multiprocessor count, bound
 # by the loader. A persistent kernel's grid is min(SM_COUNT, its tiles): one program per SM walks its tiles.
 SM_COUNT = "__sm_count"
@@ -25,6 +28,10 @@ MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
 CUDA_ABI_VERSION = 1
 PARAM_KINDS = ("input", "weight", "output", "temp", "symbol", "error")
+MAX_WARPS = 32           # 1024 threads, the most a CUDA block may have
+MAX_SHARED = 1 << 20     # bytes of dynamic shared memory a launch may ask for (far above any GPU's limit)
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 DTYPES = {  # name -> itemsize in bytes
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
@@ -218,27 +225,106 @@ def _parse_spec(d: Any, where: str, symbols: set[str], static: bool = False) -> 
 
 
 def parse_manifest(raw: bytes | str | dict) -> Manifest:
-    """Parse and validate a manifest; raise FormatError / VersionError naming the bad field."""
+    """Parse and validate a manifest; raise FormatError / VersionError naming the bad field.
+
+    Hostile input meets only FormatError: every field is type-checked before use. A defect the checks below miss
+    still ends as a FormatError (the net at the end), never as a TypeError or KeyError from deep inside."""
     if isinstance(raw, (bytes, str)):
         try:
             d = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise FormatError(f"manifest.json is not valid JSON: {e}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise FormatError(f"manifest.json is not valid JSON: {str(e)[:200]}") from None
     else:
         d = raw
+    try:
+        return _parse(d)
+    except (TypeError, KeyError, AttributeError, ValueError, IndexError, RecursionError) as e:
+        raise FormatError(f"manifest.json is malformed: an unexpected field type ({type(e).__name__}: "
+                          f"{str(e)[:200]}); rebuild the package") from None
+
+
+def _parse(d: Any) -> Manifest:
     if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
         raise FormatError(f"manifest.json: field 'format' should be {FORMAT_NAME!r}; this is not a tcpkg archive")
     version = _need(d, "format_version", list, "manifest")
-    if len(version) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in version):
-        raise FormatError(f"manifest: format_version should be [major, minor], found {version!r}")
+    if len(version) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 16
+                                    for v in version):
+        raise FormatError(f"manifest: format_version should be [major, minor], found {_clip(version)}")
     if version[0] != FORMAT_VERSION[0]:
         raise VersionError(
             f"archive has format version {version[0]}.{version[1]}; this loader reads major version "
             f"{FORMAT_VERSION[0]} (up to {FORMAT_VERSION[0]}.{FORMAT_VERSION[1]} fully). "
             + ("Upgrade tcexport to load it." if version[0] > FORMAT_VERSION[0]
                else "Rebuild the package with this tcexport."))
+    symbols = _parse_symbols(_need(d, "symbols", list, "manifest"))
+    names = {s.name for s in symbols}
+    inputs = tuple(_parse_spec(x, f"inputs[{i}]", names) for i, x in enumerate(_need(d, "inputs", list, "manifest")))
+    outputs = tuple(_parse_spec(x, f"outputs[{i}]", names) for i, x in enumerate(_need(d, "outputs", list, "manifest")))
+    for group, specs in (("inputs", inputs), ("outputs", outputs)):
+        if len({s.name for s in specs}) != len(specs):
+            raise FormatError(f"manifest: {group} has duplicate names")
+    structure = _need(d, "output_structure", str, "manifest")
+    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) != 1):
+        raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {len(outputs)} output(s)")
 
-    sym_list = _need(d, "symbols", list, "manifest")
+    guards = []
+    for i, g in enumerate(_need(d, "guards", list, "manifest")):
+        if not isinstance(g, dict):
+            raise FormatError(f"manifest: guards[{i}] should be an object")
+        ex.validate(g.get("expr"), names, f"manifest: guards[{i}].expr")
+        guards.append(Guard(g["expr"], _need(g, "message", str, f"guards[{i}]")))
+
+    w = _need(d, "weights", dict, "manifest")
+    weights_file = _need(w, "file", str, "weights")
+    weights = tuple(_parse_spec(x, f"weights.tensors[{i}]", names, static=True)
+                    for i, x in enumerate(_need(w, "tensors", list, "weights")))
+    if len({s.name for s in weights}) != len(weights):
+        raise FormatError("manifest: weights.tensors has duplicate names")
+
+    kernels = tuple(_parse_bundle(k, f"kernels[{i}]") for i, k in enumerate(_need(d, "kernels", list, "manifest")))
+    plan = dict(_need(d, "plan", dict, "manifest"))
+    workspace = plan.pop("workspace_bytes", 0)
+    ex.validate(workspace, names, "manifest: plan.workspace_bytes")
+    cuda = _parse_cuda(d["cuda"], names, len(inputs), len(weights), len(outputs), workspace) if "cuda" in d else None
+    for i, k in enumerate(kernels):
+        if k.target.startswith("cuda:"):
+            if cuda is None or [c.kernel for c in k.cubins] != [l.name for l in cuda.launches]:
+                raise FormatError(f"manifest: kernels[{i}] ({k.target[:40]}) should have one cubin per "
+                                  "cuda.launches entry, in the same order")
+
+    members = _parse_members(_need(d, "members", dict, "manifest"))
+    model = _need(d, "model", dict, "manifest")
+    model_name = model.get("name", "")
+    if not isinstance(model_name, str):
+        raise FormatError(f"manifest: model.name should be a string, found {_clip(model_name)}")
+    onnx = d.get("onnx")
+    if onnx is not None and (not isinstance(onnx, dict) or not isinstance(onnx.get("file"), str)
+                             or not isinstance(onnx.get("opset"), int)):
+        raise FormatError(f"manifest: onnx should be {{'file': member, 'opset': int}}, found {_clip(onnx)}")
+    sources = _need(d, "sources", list, "manifest")
+    if not all(isinstance(x, str) for x in sources):
+        raise FormatError(f"manifest: sources should be a list of member names, found {_clip(sources)}")
+    referenced = [weights_file] + [k.file for k in kernels] + sources
+    referenced += [c.file for k in kernels for c in k.cubins]
+    referenced += [onnx["file"]] if onnx is not None else []
+    for ref in referenced:
+        if ref not in members:
+            raise FormatError(f"manifest: refers to member {ref[:200]!r}, which is not listed in members")
+
+    training = None
+    if "training" in d:
+        from .training import parse_training
+        training = parse_training(d["training"], names, inputs, outputs, weights, kernels, members)
+    return Manifest(
+        format_version=tuple(version), producer=dict(_need(d, "producer", dict, "manifest")),
+        model=model_name, symbols=symbols, inputs=inputs, outputs=outputs,
+        output_structure=structure, guards=tuple(guards), weights_file=weights_file,
+        weights=weights, kernels=kernels, workspace_bytes=workspace, plan=plan,
+        sources=tuple(sources), members=members,
+        onnx=dict(onnx) if onnx is not None else None, cuda=cuda, training=training)
+
+
+def _parse_symbols(sym_list: list) -> tuple:
     symbols = []
     for i, s in enumerate(sym_list):
         where = f"symbols[{i}]"
@@ -252,90 +338,71 @@ def parse_manifest(raw: bytes | str | dict) -> Manifest:
         lo = _need(s, "min", int, where)
         hi = s.get("max")
         if hi is not None and (not isinstance(hi, int) or isinstance(hi, bool) or hi < lo):
-            raise FormatError(f"manifest: {where} ({name}) max should be null or an integer >= min {lo}, found {hi!r}")
+            raise FormatError(f"manifest: {where} ({name}) max should be null or an integer >= min {lo}, found "
+                              f"{_clip(hi)}")
+        for bound in (lo, hi):
+            if bound is not None:
+                ex.validate(bound, None, f"manifest: {where} ({name}) range")
         symbols.append(Symbol(name, lo, hi))
-    names = {s.name for s in symbols}
-    if len(names) != len(symbols):
+    if len({s.name for s in symbols}) != len(symbols):
         raise FormatError("manifest: symbols has duplicate names")
-
-    inputs = tuple(_parse_spec(x, f"inputs[{i}]", names) for i, x in enumerate(_need(d, "inputs", list, "manifest")))
-    outputs = tuple(_parse_spec(x, f"outputs[{i}]", names) for i, x in enumerate(_need(d, "outputs", list, "manifest")))
-    for group, specs in (("inputs", inputs), ("outputs", outputs)):
-        if len({s.name for s in specs}) != len(specs):
-            raise FormatError(f"manifest: {group} has duplicate names")
-    structure = _need(d, "output_structure", str, "manifest")
-    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) != 1):
-        raise FormatError(f"manifest: output_structure {structure!r} does not fit {len(outputs)} output(s)")
-
-    guards = []
-    for i, g in enumerate(_need(d, "guards", list, "manifest")):
-        if not isinstance(g, dict):
-            raise FormatError(f"manifest: guards[{i}] should be an object")
-        ex.validate(g.get("expr"), names, f"manifest: guards[{i}].expr")
-        guards.append(Guard(g["expr"], _need(g, "message", str, f"guards[{i}]")))
-
-    w = _need(d, "weights", dict, "manifest")
-    weights = tuple(_parse_spec(x, f"weights.tensors[{i}]", names, static=True)
-                    for i, x in enumerate(_need(w, "tensors", list, "weights")))
-
-    kernels = []
-    for i, k in enumerate(_need(d, "kernels", list, "manifest")):
-        where = f"kernels[{i}]"
-        if not isinstance(k, dict):
-            raise FormatError(f"manifest: {where} should be an object")
-        kernels.append(KernelBundle(
-            target=_need(k, "target", str, where), isa=_need(k, "isa", str, where),
-            requires=tuple(_need(k, "requires", list, where)), file=_need(k, "file", str, where),
-            abi=_need(k, "abi", int, where), entry=_need(k, "entry", str, where),
-            libraries=tuple(_need(k, "libraries", list, where)), blas=tuple(_need(k, "blas", list, where)),
-            cubins=tuple(_parse_cubin(c, f"{where}.cubins[{j}]") for j, c in enumerate(k.get("cubins", [])))))
-    plan = dict(_need(d, "plan", dict, "manifest"))
-    workspace = plan.pop("workspace_bytes", 0)
-    ex.validate(workspace, names, "manifest: plan.workspace_bytes")
-    cuda = _parse_cuda(d["cuda"], names, len(inputs), len(weights), len(outputs), workspace) if "cuda" in d else None
-    for i, k in enumerate(kernels):
-        if k.target.startswith("cuda:"):
-            if cuda is None or [c.kernel for c in k.cubins] != [l.name for l in cuda.launches]:
-                raise FormatError(f"manifest: kernels[{i}] ({k.target}) should have one cubin per cuda.launches "
-                                  "entry, in the same order")
+    return tuple(symbols)
 
 
-    members = _need(d, "members", dict, "manifest")
+def _strings(k: dict, key: str, where: str) -> tuple:
+    values = _need(k, key, list, where)
+    if not all(isinstance(v, str) and len(v) <= 256 for v in values):
+        raise FormatError(f"manifest: {where}.{key} should be a list of short strings, found {_clip(values)}")
+    return tuple(values)
+
+
+def _parse_bundle(k: Any, where: str) -> KernelBundle:
+    if not isinstance(k, dict):
+        raise FormatError(f"manifest: {where} should be an object")
+    cubins = k.get("cubins", [])
+    if not isinstance(cubins, list):
+        raise FormatError(f"manifest: {where}.cubins should be a list, found {_clip(cubins)}")
+    bundle = KernelBundle(
+        target=_need(k, "target", str, where), isa=_need(k, "isa", str, where),
+        requires=_strings(k, "requires", where), file=_need(k, "file", str, where),
+        abi=_need(k, "abi", int, where), entry=_need(k, "entry", str, where),
+        libraries=_strings(k, "libraries", where), blas=_strings(k, "blas", where),
+        cubins=tuple(_parse_cubin(c, f"{where}.cubins[{j}]") for j, c in enumerate(cubins)))
+    check_bundle(bundle.target, bundle.entry, bundle.libraries, where)
+    return bundle
+
+
+def _parse_members(members: dict) -> dict:
+    """``members`` (SPEC §7): safe names, never the manifest itself, 64 hex digits, a non-negative size."""
+    out = {}
     for path, info in members.items():
-        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or len(info["sha256"]) != 64 \
-                or not isinstance(info.get("size"), int):
-            raise FormatError(f"manifest: members[{path!r}] should be {{'sha256': 64 hex digits, 'size': int}}")
-    model = _need(d, "model", dict, "manifest")
-    onnx = d.get("onnx")
-    if onnx is not None and (not isinstance(onnx, dict) or not isinstance(onnx.get("file"), str)
-                             or not isinstance(onnx.get("opset"), int)):
-        raise FormatError(f"manifest: onnx should be {{'file': member, 'opset': int}}, found {onnx!r:.80}")
-    referenced = [w.get("file")] + [k.file for k in kernels] + list(d.get("sources", []))
-    referenced += [c.file for k in kernels for c in k.cubins]
-    referenced += [onnx["file"]] if onnx is not None else []
-    for ref in referenced:
-        if ref not in members:
-            raise FormatError(f"manifest: refers to member {ref!r}, which is not listed in members")
-
-    training = None
-    if "training" in d:
-        from .training import parse_training
-        training = parse_training(d["training"], names, inputs, outputs, weights, tuple(kernels), members)
-    return Manifest(
-        format_version=tuple(version), producer=dict(_need(d, "producer", dict, "manifest")),
-        model=str(model.get("name", "")), symbols=tuple(symbols), inputs=inputs, outputs=outputs,
-        output_structure=structure, guards=tuple(guards), weights_file=_need(w, "file", str, "weights"),
-        weights=weights, kernels=tuple(kernels), workspace_bytes=workspace, plan=plan,
-        sources=tuple(_need(d, "sources", list, "manifest")), members=dict(members),
-        onnx=dict(onnx) if onnx is not None else None, cuda=cuda, training=training)
+        if path == MANIFEST_NAME:
+            raise FormatError(f"manifest: members lists {path!r}, which is never listed (SPEC §7)")
+        try:
+            check_member_name(path)
+        except FormatError as e:
+            raise FormatError(f"manifest: members: {e}") from None
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) \
+                or not _HEX64.match(info["sha256"].lower()) or not isinstance(info.get("size"), int) \
+                or isinstance(info["size"], bool) or not 0 <= info["size"] < 1 << 48:
+            raise FormatError(f"manifest: members[{path[:200]!r}] should be {{'sha256': 64 hex digits, 'size': "
+                              f"int >= 0}}, found {_clip(info)}")
+        out[path] = info
+    return out
 
 
 def _parse_cubin(c: Any, where: str) -> Cubin:
     if not isinstance(c, dict):
         raise FormatError(f"manifest: {where} should be an object")
-    return Cubin(kernel=_need(c, "kernel", str, where), file=_need(c, "file", str, where),
-                 function=_need(c, "function", str, where), shared=_need(c, "shared", int, where),
-                 num_warps=_need(c, "num_warps", int, where),
+    function, shared, warps = _need(c, "function", str, where), _need(c, "shared", int, where), \
+        _need(c, "num_warps", int, where)
+    if not _IDENT.match(function):
+        raise FormatError(f"manifest: {where}.function should be a kernel's symbol name, found {_clip(function)}")
+    if not 0 <= shared <= MAX_SHARED or not 1 <= warps <= MAX_WARPS:
+        raise FormatError(f"manifest: {where}: shared {shared} should be 0..{MAX_SHARED} bytes and num_warps "
+                          f"{warps} 1..{MAX_WARPS}")
+    return Cubin(kernel=_need(c, "kernel", str, where), file=_need(c, "file", str, where), function=function,
+                 shared=shared, num_warps=warps,
                  dependent=_need(c, "dependent", bool, where) if "dependent" in c else False,
                  global_scratch=_scratch(c, where))
 
@@ -367,12 +434,12 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
             if kind in counts and (not isinstance(value, int) or isinstance(value, bool)
                                    or not 0 <= value < counts[kind]):
                 raise FormatError(f"manifest: {pw} refers to {kind} {value!r}; the package has {counts[kind]}")
-            if kind == "symbol" and value not in symbols:
-                raise FormatError(f"manifest: {pw} names symbol {value!r}, which is not declared")
+            if kind == "symbol" and (not isinstance(value, str) or value not in symbols):
+                raise FormatError(f"manifest: {pw} names symbol {_clip(value)}, which is not declared")
             param = {"kind": kind, "value": value}
             if kind == "temp":
                 ex.validate(value, symbols, f"manifest: {pw}.value")
-                if p.get("dtype") not in DTYPES:
+                if not isinstance(p.get("dtype"), str) or p["dtype"] not in DTYPES:
                     raise FormatError(f"manifest: {pw} (a temp) needs a dtype, one of {sorted(DTYPES)}")
                 param["dtype"] = p["dtype"]
             params.append(param)
@@ -382,12 +449,14 @@ def _parse_cuda(c: Any, symbols: set, n_inputs: int, n_weights: int, n_outputs: 
         for g in grid:
             ex.validate(g, symbols | {SM_COUNT}, f"manifest: {where}.grid")
         bits = l.get("index_bits", c.get("index_bits"))
-        if bits not in (32, 64):
-            raise FormatError(f"manifest: {where}.index_bits should be 32 or 64, found {bits!r}")
+        if isinstance(bits, bool) or bits not in (32, 64):
+            raise FormatError(f"manifest: {where}.index_bits should be 32 or 64, found {_clip(bits)}")
         launches.append(Launch(name=_need(l, "name", str, where), params=tuple(params), grid=tuple(grid),
                                block=dict(_need(l, "block", dict, where)),
                                num_warps=_need(l, "num_warps", int, where),
                                num_stages=_need(l, "num_stages", int, where), index_bits=bits))
+    if len({l.name for l in launches}) != len(launches):
+        raise FormatError("manifest: cuda.launches has duplicate names")
     arena = c.get("workspace_bytes", workspace)  # its own plan since 1.3 (attention fused on the GPU only)
     ex.validate(arena, symbols, "manifest: cuda.workspace_bytes")
     tuning = check_tuning(c["tuning"], {l.name for l in launches}) if "tuning" in c else None

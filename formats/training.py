@@ -9,16 +9,15 @@ backward input comes from and what each backward output is the gradient of, so a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from . import expr as ex
+from .abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY
 from .errors import FormatError
 
 SOURCE_KINDS = ("input", "forward", "grad")   # a forward input, a training-forward output, an output's gradient
 GRADIENT_KINDS = ("weight", "input")
-_ENTRY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -88,6 +87,8 @@ def parse_training(d: Any, symbols: set, inputs: tuple, outputs: tuple, weights:
     from .manifest import _need
 
     trainable = tuple(_need(d, "trainable", list, "training"))
+    if not all(isinstance(t, str) for t in trainable):
+        raise FormatError("manifest: training.trainable should be a list of weight names")
     weight_specs = {w.name: w for w in weights}
     for i, name in enumerate(trainable):
         if name not in weight_specs:
@@ -116,8 +117,10 @@ def _parse_graph(d: dict, where: str, symbols: set, has_inputs: bool) -> Trainin
     from .manifest import _need, _parse_spec
 
     entry = _need(d, "entry", str, where)
-    if not _ENTRY_RE.match(entry):
-        raise FormatError(f"manifest: {where}.entry should be a C identifier, found {entry!r:.80}")
+    fixed = BACKWARD_ENTRY if has_inputs else TRAIN_FORWARD_ENTRY
+    if entry != fixed:  # the ABI names the entry points; a manifest never chooses the symbol that gets called
+        raise FormatError(f"manifest: {where}.entry should be {fixed!r} (fixed by the ABI), found {entry!r:.80}; "
+                          f"rebuild the package")
     inputs = tuple(_parse_spec(x, f"{where}.inputs[{i}]", symbols)
                    for i, x in enumerate(_need(d, "inputs", list, where))) if has_inputs else ()
     outputs = tuple(_parse_spec(x, f"{where}.outputs[{i}]", symbols)
@@ -134,7 +137,7 @@ def _same(a, b) -> bool:
 
 def _parse_source(x: dict, k: int, lists: dict, spec) -> tuple[str, int]:
     where = f"manifest: training.backward.inputs[{k}] ({spec.name})"
-    src = x.get("from")
+    src = x.get("from") if isinstance(x, dict) else None
     if not (isinstance(src, list) and len(src) == 2 and src[0] in SOURCE_KINDS and isinstance(src[1], int)
             and not isinstance(src[1], bool)):
         raise FormatError(f"{where}: 'from' should be [kind, index] with kind one of {SOURCE_KINDS}, found {src!r:.80}")
@@ -149,7 +152,7 @@ def _parse_source(x: dict, k: int, lists: dict, spec) -> tuple[str, int]:
 
 def _parse_gradient(x: dict, k: int, named: dict, trainable: tuple, spec) -> tuple[str, str]:
     where = f"manifest: training.backward.outputs[{k}] ({spec.name})"
-    of = x.get("of")
+    of = x.get("of") if isinstance(x, dict) else None
     if not (isinstance(of, list) and len(of) == 2 and of[0] in GRADIENT_KINDS and isinstance(of[1], str)):
         raise FormatError(f"{where}: 'of' should be [kind, name] with kind one of {GRADIENT_KINDS}, found {of!r:.80}")
     kind, name = of

@@ -19,6 +19,7 @@ synchronises and raises RuntimeKernelError (``check_indices=False`` skips that c
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -27,20 +28,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from tcexport.formats import expr as ex
-from tcexport.formats.errors import DtypeError, FormatError, RuntimeKernelError, TargetError, TcError
+from tcexport.formats.cubin import check_launch
+from tcexport.formats.errors import (DtypeError, FormatError, RuntimeKernelError, TargetError, TcError,
+                                     WorkspaceLimitError)
 from tcexport.formats.manifest import SM_COUNT, KernelBundle, Manifest
 
 from .archive import Archive
 from .arrays import contiguous
 from .dtypes import BFLOAT16, numpy_dtype
 from .guards import GuardPlan
-from .native_cuda import Device, ParamBlock
+from .native_cuda import CudaError, Device, ParamBlock
 from .weights import load_weights
 
 ALIGN = 256
 GRAPH_CACHE = 16
 SIGNATURES = 256  # input signatures (shapes, dtypes) whose guard results a model remembers
 SPLIT_AFTER = 8   # kernels that must come before the first output-writing one for a graph to be cut there (_Graph)
+MAX_GRID = ((1 << 31) - 1, 65535, 65535)  # the most blocks a launch may have in x, y and z
 
 
 def _aligned(n: int) -> int:
@@ -229,10 +233,12 @@ class _Graph:
 
 class CudaModel:
     def __init__(self, archive: Archive, device: Device, *, graphs: bool = True, check_indices: bool = True,
-                 dependent_launch: bool = True):
+                 dependent_launch: bool = True, max_workspace_bytes: int | None = None):
         m = archive.manifest
         self.archive, self.manifest, self.device = archive, m, device
         self.bundle = pick_bundle(m, device.arch, archive.path)
+        self.max_workspace_bytes = max_workspace_bytes
+        self._pid = os.getpid()  # a CUDA context does not survive fork(): a child must load its own model
         self.graphs = graphs
         self.dependent_launch = dependent_launch
         self.check_indices = check_indices
@@ -264,10 +270,12 @@ class CudaModel:
     # setup ---------------------------------------------------------------------------------------------
 
     def _load_kernels(self, launches, cubins) -> list[_Kernel]:
-        """The launches' kernels, with the global scratch they need reserved."""
+        """The launches' kernels, each cubin checked against its launch first (formats/cubin.py: arch, parameter
+        count and widths, block size), with the global scratch they need reserved."""
         kernels = []
-        for launch, cubin in zip(launches, cubins):
-            module, fn = self.device.load_function(self.archive.read(cubin.file), cubin.function, cubin.shared)
+        datas = checked_cubins(self.archive, self.bundle, launches, cubins, self.device.max_shared)
+        for launch, cubin, data in zip(launches, cubins, datas):
+            module, fn = self.device.load_function(data, cubin.function, cubin.shared)
             self._modules.append(module)
             kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
                                    launch.grid, "i32" if launch.index_bits == 32 else "i64", cubin.dependent,
@@ -347,6 +355,10 @@ class CudaModel:
     def _bind(self, args, kwargs, stream) -> tuple[list, list, dict, int]:
         """The call's input values, their descriptions, the symbols the guards bound, and the stream."""
         self._require_open()
+        if os.getpid() != self._pid:
+            raise CudaError(f"model {self.manifest.model!r} was loaded on cuda:{self.device.ordinal} by process "
+                            f"{self._pid}; this process ({os.getpid()}) is a fork of it, and a CUDA context does not "
+                            f"survive fork(). Load the package in this process (or start workers with 'spawn').")
         names = self._input_names
         values = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
         if kwargs:
@@ -433,6 +445,10 @@ class CudaModel:
                 values.append(ptr)
                 kinds.append("ptr")
             grid = tuple(ex.evaluate(g, env) for g in k.grid)
+            if min(grid) < 0 or grid[0] > MAX_GRID[0] or grid[1] > MAX_GRID[1] or grid[2] > MAX_GRID[2]:
+                raise FormatError(f"kernel {k.name}: its grid evaluates to {grid} for {env}, outside what CUDA "
+                                  f"launches ({list(MAX_GRID)} at most, and never negative). The package is damaged: "
+                                  f"rebuild it")
             if k.scratch and k.scratch * grid[0] * grid[1] * grid[2] > self._scratch[1]:
                 raise FormatError(
                     f"kernel {k.name}: its grid {grid} needs {k.scratch} bytes of global scratch a program, more "
@@ -448,7 +464,7 @@ class CudaModel:
                 self.device.launch(k.function, grid, k.threads, k.shared, stream, block.address)
 
     def _run_direct(self, metas, out_ptrs, env, stream) -> None:
-        need = ex.evaluate(self.manifest.cuda.workspace_bytes, env)
+        need = self._arena(self.manifest.cuda.workspace_bytes, env)
         inputs = []
         in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16 or m.host)
         ptr, size = self._workspace
@@ -513,8 +529,20 @@ class CudaModel:
             self.device.set_kernel_node(part.graph_exec, node, params)
         part.bound = bound
 
+    def _arena(self, expr, env) -> int:
+        """The workspace a call needs, refused (before anything is allocated) past ``max_workspace_bytes``."""
+        need = ex.evaluate(expr, env)
+        if need < 0:
+            raise FormatError(f"manifest workspace_bytes evaluated to {need} for {env}; rebuild the package")
+        if self.max_workspace_bytes is not None and need > self.max_workspace_bytes:
+            raise WorkspaceLimitError(
+                f"model {self.manifest.model!r}: a call with {env} needs {need} bytes of workspace; this model was "
+                f"loaded with max_workspace_bytes={self.max_workspace_bytes}. Pass smaller inputs, or load it with "
+                f"a larger limit.", expected=self.max_workspace_bytes, got=need, rule="max_workspace_bytes")
+        return need
+
     def _build_graph(self, metas, env) -> _Graph:
-        work = ex.evaluate(self.manifest.cuda.workspace_bytes, env)
+        work = self._arena(self.manifest.cuda.workspace_bytes, env)
         sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(work)]
         memory = self.device.alloc(sum(sizes))
         ptrs, at = [], memory
@@ -591,8 +619,25 @@ def _pointer(o) -> int:
     return int(o.__cuda_array_interface__["data"][0])
 
 
+def checked_cubins(archive: Archive, bundle: KernelBundle, launches, cubins, max_shared: int) -> list[bytes]:
+    """Each launch's cubin bytes, checked against the launch before any reaches the driver (formats/cubin.py: the
+    arch, the function, its parameters' count and widths, its block size) and its shared memory against the GPU's
+    limit; runs without a GPU given ``max_shared``."""
+    arch = int(bundle.isa[3:]) if bundle.isa[3:].isdigit() else -1
+    out = []
+    for launch, cubin in zip(launches, cubins):
+        data = archive.read(cubin.file)
+        check_launch(data, launch, cubin, arch, str(archive.path))
+        if cubin.shared > max_shared:
+            raise FormatError(f"{archive.path}: launch {launch.name!r} asks for {cubin.shared} bytes of shared "
+                              f"memory; this GPU allows {max_shared} a block. The manifest was edited, or the "
+                              f"package is for another GPU; rebuild it.")
+        out.append(data)
+    return out
+
+
 def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True,
-              dependent_launch: bool = True) -> CudaModel:
+              dependent_launch: bool = True, max_workspace_bytes: int | None = None) -> CudaModel:
     """``device`` is "cuda" or "cuda:N"."""
     _, _, index = str(device).partition(":")
     if index and not index.isdigit():
@@ -603,6 +648,6 @@ def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indic
     if t is not None and t.forward.cuda is not None:  # --backward: forward(grad=True), backward, weights
         from .cuda_training import TrainableCudaModel
         return TrainableCudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
-                                  dependent_launch=dependent_launch)
+                                  dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
     return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
-                     dependent_launch=dependent_launch)
+                     dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)

@@ -179,7 +179,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
     def _run(self, entry: _CudaEntry, values: list, inputs: list, env: dict, stream: int) -> list:
         """Launch ``entry``'s kernels on ``stream``; returns its outputs as fresh arrays of ``values``' kind."""
         outs = self._new_outputs([v for v in values if not isinstance(v, np.ndarray)], env, entry.outputs)
-        need = ex.evaluate(entry.workspace, env)
+        need = self._arena(entry.workspace, env)
         ptr, size = self._train_workspace
         if size < need:
             if ptr:

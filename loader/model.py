@@ -20,7 +20,8 @@ import threading
 import numpy as np
 
 from tcexport.formats import expr as ex
-from tcexport.formats.errors import ArityError, FormatError, RuntimeKernelError, TargetError, TcError
+from tcexport.formats.errors import (ArityError, FormatError, RuntimeKernelError, TargetError, TcError,
+                                     WorkspaceLimitError)
 from tcexport.formats.manifest import CPU_ABI_VERSION, Manifest, TensorSpec
 
 from . import native_cpu
@@ -28,6 +29,7 @@ from .archive import Archive, open_archive
 from .arrays import convert_inputs, convert_outputs
 from .dtypes import numpy_dtype
 from .guards import GuardPlan, SignatureCache
+from .trust import trusted_key_sources
 from .weights import load_weights
 
 WORKSPACE_ALIGNMENT = 64
@@ -47,34 +49,44 @@ def default_num_threads() -> int:
 
 
 def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None = None, cache_dir=None,
-         graphs: bool = True, check_indices: bool = True, dependent_launch: bool = True):
+         graphs: bool = True, check_indices: bool = True, dependent_launch: bool = True, trusted_keys=None,
+         max_workspace_bytes: int | None = None):
     """Open, verify and load a `.tcpkg` for ``device`` ("cpu", "cuda" or "cuda:N"); return a callable model.
 
-    Every member is hashed before native code is loaded. CPU: ``isa`` forces a kernel bundle by name;
-    ``cache_dir`` is where kernel libraries are extracted (default $TCEXPORT_CACHE or ~/.cache/tcexport).
+    Every byte that matters is verified before native code is loaded (the package digest, every member's hash)
+    and the model runs from a private copy of the verified bytes. ``trusted_keys`` (paths to PEM public keys, key
+    bytes, or key objects; default: $TCEXPORT_TRUSTED_KEYS) requires a valid signature by one of them.
+    ``max_workspace_bytes`` refuses a call whose plan needs more scratch memory than that (WorkspaceLimitError).
+    CPU: ``isa`` forces a kernel bundle by name; ``cache_dir`` loads the kernel library through a private disk
+    cache there instead of a sealed in-memory file (the default; the cache is the fallback where those cannot be
+    executed: $TCEXPORT_CACHE or ~/.cache/tcexport).
     CUDA (see cuda_model.py): ``graphs`` replays a CUDA graph per input-shape signature; ``check_indices``
     synchronises after calls of models that index by data, to raise on an out-of-range index;
     ``dependent_launch`` lets each kernel of a graph start while the one before it finishes (sm_90 and later).
     """
+    if max_workspace_bytes is not None and (isinstance(max_workspace_bytes, bool)
+                                            or not isinstance(max_workspace_bytes, int) or max_workspace_bytes < 0):
+        raise TcError(f"max_workspace_bytes should be None or an integer >= 0, got {max_workspace_bytes!r}")
+    keys = trusted_key_sources(trusted_keys)
     if str(device).startswith("cuda"):
         from .cuda_model import load_cuda
-        archive = open_archive(path)
+        archive = open_archive(path, trusted_keys=keys)
         _require_cuda_kernels(archive.manifest, str(device))
         return load_cuda(archive, str(device), graphs=graphs, check_indices=check_indices,
-                         dependent_launch=dependent_launch)
+                         dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
     if str(device) != "cpu":
         raise TargetError(f"device {str(device)!r} is not known; use 'cpu', 'cuda' or 'cuda:N'")
     threads = default_num_threads() if num_threads is None else num_threads
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise TcError(f"num_threads should be an integer >= 1, got {num_threads!r}")
-    archive = open_archive(path)
+    archive = open_archive(path, trusted_keys=keys)
     plan = GuardPlan(archive.manifest)
     weights = load_weights(archive)
     native = native_cpu.load(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
     if archive.manifest.training is not None:  # built with --backward: forward(grad=True), backward, weights
         from .training import TrainableModel
-        return TrainableModel(archive, plan, weights, native, threads)
-    return Model(archive, plan, weights, native, threads)
+        return TrainableModel(archive, plan, weights, native, threads, max_workspace_bytes)
+    return Model(archive, plan, weights, native, threads, max_workspace_bytes)
 
 
 def _require_cuda_kernels(manifest: Manifest, device: str) -> None:
@@ -91,11 +103,12 @@ class Model:
     """Call with the inputs positionally (manifest order) or by name; returns one output or a tuple."""
 
     def __init__(self, archive: Archive, plan: GuardPlan, weights: dict[str, np.ndarray],
-                 native: native_cpu.NativeLibrary, num_threads: int):
+                 native: native_cpu.NativeLibrary, num_threads: int, max_workspace_bytes: int | None = None):
         m = archive.manifest
         self.archive = archive
         self.manifest: Manifest = m
         self.num_threads = num_threads
+        self.max_workspace_bytes = max_workspace_bytes
         self.isa = native.bundle.isa
         self._plan = plan
         self._native = native
@@ -190,14 +203,36 @@ class Model:
         values = [env[s] for s in self._symbol_names]
         symbols = (ctypes.c_int64 * max(len(values), 1))(*values)
         workspace = self._workspace_bytes(env)
-        if workspace < 0:
-            raise FormatError(f"manifest workspace_bytes evaluated to {workspace} for {env}; rebuild the package")
+        self._check_workspace(workspace, env)
         return _Signature(env, symbols, outputs, workspace)
 
+    def _check_workspace(self, workspace: int, env: dict) -> None:
+        if workspace < 0:
+            raise FormatError(f"manifest workspace_bytes evaluated to {workspace} for {env}; rebuild the package")
+        limit = self.max_workspace_bytes
+        if limit is not None and workspace > limit:
+            raise WorkspaceLimitError(
+                f"model {self.manifest.model!r}: a call with {env} needs {workspace} bytes of workspace; this model "
+                f"was loaded with max_workspace_bytes={limit}. Pass smaller inputs, or load it with a larger "
+                f"limit.", expected=limit, got=workspace, rule="max_workspace_bytes")
+
+    def _allocate(self, b: "_CallBuffers", sig: "_Signature") -> tuple[list[np.ndarray], object]:
+        """The call's outputs and workspace; an allocation the machine cannot make is a typed error."""
+        try:
+            outputs = [np.empty(shape, dtype) for shape, dtype in sig.outputs]
+            return outputs, b.workspace_for(sig.workspace_bytes)
+        except (MemoryError, ValueError) as e:
+            raise WorkspaceLimitError(
+                f"model {self.manifest.model!r}: cannot allocate the outputs and {sig.workspace_bytes} bytes of "
+                f"workspace a call with {sig.env} needs ({type(e).__name__}). Pass smaller inputs.",
+                expected=None, got=sig.workspace_bytes, rule="allocation") from None
+
     def _run(self, arrays: list[np.ndarray], sig: "_Signature") -> list[np.ndarray]:
-        outputs = [np.empty(shape, dtype) for shape, dtype in sig.outputs]
         b = self._buffers()
-        ws = b.workspace_for(sig.workspace_bytes)
+        outputs, ws = self._allocate(b, sig)
+        fork = native_cpu.FORK
+        if b.threads > 1 and (fork.broken or not fork.threads_started):
+            b.set_threads(fork.threads(b.threads))
         pointers = b.inputs
         for k, a in enumerate(arrays):
             pointers[k] = data_address(a)
@@ -245,10 +280,14 @@ class _CallBuffers:
                                         (ctypes.c_void_p * native_cpu.MAX_BLAS)(*model._native.blas),
                                         ctypes.addressof(self.error), ERROR_BUFFER_BYTES)
         self.ctx_ref = ctypes.byref(self.ctx)
+        self.threads = model.num_threads  # what ctx.num_threads holds (reading a ctypes field costs more)
         self.inputs = (ctypes.c_void_p * n(len(model._input_names)))()
         self.outputs = (ctypes.c_void_p * n(len(model._outputs)))()
         self.workspace: np.ndarray | None = None
         self.workspace_ptr: ctypes.c_void_p | None = None
+
+    def set_threads(self, n: int) -> None:
+        self.threads = self.ctx.num_threads = n
 
     def workspace_for(self, nbytes: int) -> ctypes.c_void_p | None:
         """This thread's scratch buffer, grown when a call needs more (kept: the next call reuses it); None

@@ -69,6 +69,8 @@ class Device:
         self.arch = major * 10 + minor
         self.sm_count = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.device),
                               "multiprocessor count")
+        self.max_shared = check(cu.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, self.device), "max shared memory per block")
         self.programmatic_edges = self.arch >= 90  # build_graph: until the driver turns one down
         name = check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
         self.name = name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name)

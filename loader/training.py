@@ -25,13 +25,15 @@ import threading
 import numpy as np
 
 from tcexport.formats import expr as ex
+from tcexport.formats.abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY
 from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RankError, SymbolConflictError,
-                                     TrainingError)
+                                     TrainingError, WorkspaceLimitError)
 from tcexport.formats.files import write_atomically
 
 from .arrays import convert_inputs, convert_outputs, to_numpy
 from .dtypes import dtype_name, numpy_dtype
 from .model import Model, data_address
+from .native_cpu import FORK
 from .weights import read_safetensors, safetensors_bytes
 
 
@@ -146,14 +148,15 @@ def check_gradient(spec, dtype: np.dtype, shape: tuple, out_shape: tuple) -> Non
 
 
 class _Entry:
-    """One extra entry point: its ctypes function, compiled output shapes and workspace size."""
+    """One extra entry point: its ctypes function (by the name the ABI fixes, which the manifest repeats),
+    compiled output shapes and workspace size."""
 
-    def __init__(self, cdll: ctypes.CDLL, graph, outputs):
+    def __init__(self, cdll: ctypes.CDLL, graph, outputs, entry: str):
         try:
-            self.run = getattr(cdll, graph.entry)
+            self.run = getattr(cdll, entry)
         except AttributeError:
-            raise FormatError(f"kernel library lacks the entry point {graph.entry!r} the manifest's training "
-                              f"section names; rebuild the package") from None
+            raise FormatError(f"kernel library lacks the training entry point {entry!r}; rebuild the "
+                              f"package") from None
         self.run.restype, self.run.argtypes = ctypes.c_int32, None  # ctypes objects only, as Model's entry
         self.outputs = tuple((tuple(ex.compile_expr(d) for d in s.shape), numpy_dtype(s.dtype)) for s in outputs)
         self.workspace = ex.compile_expr(graph.workspace_bytes)
@@ -167,8 +170,8 @@ class TrainableModel(TrainingCalls, Model):
         super().__init__(*args, **kwargs)
         t = self.manifest.training
         self.training = t
-        self._forward = _Entry(self._native.cdll, t.forward, t.forward.outputs)
-        self._backward = _Entry(self._native.cdll, t.backward, t.backward.outputs)
+        self._forward = _Entry(self._native.cdll, t.forward, t.forward.outputs, TRAIN_FORWARD_ENTRY)
+        self._backward = _Entry(self._native.cdll, t.backward, t.backward.outputs, BACKWARD_ENTRY)
         self._backward.num_inputs = len(t.backward.inputs)
         self._forward.num_inputs = len(self.manifest.inputs)
         self._weight_index = {w.name: k for k, w in enumerate(self.manifest.weights)}
@@ -217,14 +220,23 @@ class TrainableModel(TrainingCalls, Model):
 
     def _call(self, entry: _Entry, sig, arrays: list) -> list[np.ndarray]:
         env = sig.env
-        outputs = [np.empty(tuple(d(env) for d in shape), dtype) for shape, dtype in entry.outputs]
+        try:
+            outputs = [np.empty(tuple(d(env) for d in shape), dtype) for shape, dtype in entry.outputs]
+        except (MemoryError, ValueError) as e:
+            raise WorkspaceLimitError(f"model {self.manifest.model!r}: cannot allocate the outputs of a training "
+                                      f"call with {env} ({type(e).__name__}). Pass smaller inputs.",
+                                      rule="allocation") from None
         b = self._buffers()
         ins, outs = self._pointer_arrays(entry)
         for k, a in enumerate(arrays):
             ins[k] = data_address(a)
         for k, o in enumerate(outputs):
             outs[k] = data_address(o)
-        ws = b.workspace_for(entry.workspace(env))
+        nbytes = entry.workspace(env)
+        self._check_workspace(nbytes, env)
+        ws = b.workspace_for(nbytes)
+        if b.threads > 1:
+            b.set_threads(FORK.threads(b.threads))
         rc = entry.run(b.ctx_ref, sig.symbols, ins, self._weight_ptrs, outs, ws)
         if rc != 0:
             raise self._kernel_error(rc, b)

@@ -11,12 +11,14 @@ import safetensors.numpy
 import torch
 
 from tcexport.formats import expr as ex
+from tcexport.formats.abi import CPU_ENTRY, Interface, descriptor
+from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import (CPU_ABI_VERSION, CUDA_ABI_VERSION, FORMAT_VERSION, Cubin, CudaPlan, Guard,
                                        KernelBundle, Launch, Manifest, Symbol, TensorSpec)
 
 from .archive import write_archive
 from .exprs import to_expr
-from .training import training_section
+from .training import training_interface, training_section
 
 TCEXPORT_VERSION = "0.1.0"
 WEIGHTS_FILE = "weights.safetensors"
@@ -36,19 +38,36 @@ class Package:
     onnx: bytes | None = None  # the model as ONNX, when the export asked for it
     warnings: tuple = ()       # what export demanded and tcexport accepted (e.g. a divisibility guard)
 
-    def save(self, path) -> Path:
-        return write_archive(Path(path), self.manifest, self.members)
+    def save(self, path, sign_key=None) -> Path:
+        """Write the archive atomically; ``sign_key`` (an ed25519 private key: PEM path or bytes) signs it."""
+        return write_archive(Path(path), self.manifest, self.members, sign_key=sign_key)
 
 
-def _weights_bytes(st) -> tuple[bytes, list[TensorSpec]]:
+def _weights_bytes(st) -> bytes:
     low, prog = st.lowering, st.program
-    arrays, specs = {}, []
-    for name in prog.weights:
-        key = low.public_names[name]
-        t = low.weight_values[name]
-        arrays[key] = _weight_array(t)
-        specs.append(TensorSpec(key, prog.buffers[name].dtype, tuple(int(s) for s in t.shape)))
-    return safetensors.numpy.save(arrays) if arrays else safetensors.numpy.save({}), specs
+    arrays = {low.public_names[name]: _weight_array(low.weight_values[name]) for name in prog.weights}
+    return safetensors.numpy.save(arrays)
+
+
+def _weight_specs(st) -> tuple:
+    low, prog = st.lowering, st.program
+    return tuple(TensorSpec(low.public_names[name], prog.buffers[name].dtype,
+                            tuple(int(s) for s in low.weight_values[name].shape)) for name in prog.weights)
+
+
+def interface(st) -> Interface:
+    """What the package's CPU kernels are built for: computed once from the pipeline State, compiled into the
+    library as its descriptor (codegen) and written into the manifest (``package``), so the two cannot differ
+    unless something edits one of them afterwards (formats/abi.py)."""
+    prog, low = st.program, st.lowering
+    outputs = tuple(_spec(prog, low, n) for n in prog.outputs)
+    return Interface(
+        symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
+        inputs=tuple(_spec(prog, low, n) for n in prog.inputs), outputs=outputs,
+        output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
+        guards=tuple(g.expr for g in _guards(st.captured.guards)), weights=_weight_specs(st),
+        workspace_bytes=to_expr(st.memory.workspace_bytes), blas=tuple(st.blas),
+        training=training_interface(st, outputs))
 
 
 def _weight_array(t: torch.Tensor) -> np.ndarray:
@@ -78,9 +97,8 @@ def _peak_bytes(st):
 def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     from tcexport.exporter.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
 
-    prog, low = st.program, st.lowering
-    weights, weight_specs = _weights_bytes(st)
-    members = {WEIGHTS_FILE: weights, KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
+    face = interface(st)
+    members = {WEIGHTS_FILE: _weights_bytes(st), KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
     sources = [KERNELS_TEXT]
     if st.cpp:
         members[CPP_SOURCE] = st.cpp.encode()
@@ -92,7 +110,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         path = f"kernels/cpu-{isa.name}.so"
         members[path] = st.libraries[isa.name]
         bundles.append(KernelBundle(target="cpu", isa=isa.name, requires=tuple(isa.requires), file=path,
-                                    abi=CPU_ABI_VERSION, entry="tc_run", libraries=tuple(LIBRARIES),
+                                    abi=CPU_ABI_VERSION, entry=CPU_ENTRY, libraries=tuple(LIBRARIES),
                                     blas=tuple(st.blas)))
     cuda = None
     if st.triton is not None:
@@ -104,23 +122,22 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
     if embed_onnx and st.onnx is not None:
         members[ONNX_FILE] = st.onnx[0]
         onnx = {"file": ONNX_FILE, "opset": st.onnx[1]}
-    outputs = tuple(_spec(prog, low, n) for n in prog.outputs)
-    training, training_sources = training_section(st, outputs, members)
+    training, training_sources = training_section(st, face.outputs, members)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
                   "python": platform.python_version(),
                   **({"cxx": compiler_version(compiler())} if st.cpp else {})},
         model=model_name,
-        symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
-        inputs=tuple(_spec(prog, low, n) for n in prog.inputs),
-        outputs=outputs,
-        output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
+        symbols=face.symbols,
+        inputs=face.inputs,
+        outputs=face.outputs,
+        output_structure=face.output_structure,
         guards=_guards(st.captured.guards),
         weights_file=WEIGHTS_FILE,
-        weights=tuple(weight_specs),
+        weights=face.weights,
         kernels=tuple(bundles),
-        workspace_bytes=to_expr(st.memory.workspace_bytes),
+        workspace_bytes=face.workspace_bytes,
         plan={"kernels": [k.name for k in st.kernels],
               "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(st))},
@@ -129,6 +146,9 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         cuda=cuda,
         training=training,
     )
+    if st.cpp and st.descriptor != descriptor(Interface.of_manifest(manifest, tuple(st.blas)), "@isa@"):
+        raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
+                          "tcexport bug; please report it with the model)")
     return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
                    tuple(st.captured.notes))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcexport.formats.abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY
 from tcexport.formats.manifest import TensorSpec
 from tcexport.formats.training import GraphCuda, Training, TrainingGraph
 
@@ -22,28 +23,35 @@ def _graph(entry: str, g, inputs: tuple, outputs: tuple) -> TrainingGraph:
     return TrainingGraph(entry, inputs, outputs, to_expr(g.memory.workspace_bytes), tuple(k.name for k in g.kernels))
 
 
-def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None, list[str]]:
-    """The section and the source members it added to ``members``; ``outputs`` are the manifest's output specs
-    (the training forward returns them first)."""
+def training_interface(st, outputs: tuple) -> Training | None:
+    """The section without its CUDA kernels: what the CPU library's training entries are built for (and what its
+    interface descriptor pins); ``outputs`` are the manifest's output specs (the training forward returns them
+    first)."""
     if st.training is None:
-        return None, []
-    from tcexport.exporter.autograd import BACKWARD_ENTRY, FORWARD_ENTRY
-
+        return None
     tg = st.training
-    fw, bw = st.train_states[FORWARD_ENTRY], st.train_states[BACKWARD_ENTRY]
+    fw, bw = st.train_states[TRAIN_FORWARD_ENTRY], st.train_states[BACKWARD_ENTRY]
     saved = [f"saved.{k}" for k in range(len(fw.program.outputs) - tg.num_outputs)]
     fw_names = [s.name for s in outputs] + saved
     fw_outputs = tuple(_spec(fw.program, b, name) for b, name in zip(fw.program.outputs, fw_names))
     bw_inputs = tuple(_spec(bw.program, b, bw.lowering.public_names[b]) for b in bw.program.inputs)
     bw_outputs = tuple(_spec(bw.program, b, name) for b, (_, name) in zip(bw.program.outputs, tg.gradients))
-    forward, backward = _graph(FORWARD_ENTRY, fw, (), fw_outputs), _graph(BACKWARD_ENTRY, bw, bw_inputs, bw_outputs)
-    sources = []
-    if fw.triton is not None:
-        forward, backward = (replace(forward, cuda=_cuda(FORWARD_ENTRY, fw, members)),
-                             replace(backward, cuda=_cuda(BACKWARD_ENTRY, bw, members)))
-        sources = [forward.cuda.source, backward.cuda.source]
-    return Training(tuple(tg.trainable), forward, backward, tuple(tg.backward_sources),
-                    tuple(tg.gradients)), sources
+    forward = _graph(TRAIN_FORWARD_ENTRY, fw, (), fw_outputs)
+    backward = _graph(BACKWARD_ENTRY, bw, bw_inputs, bw_outputs)
+    return Training(tuple(tg.trainable), forward, backward, tuple(tg.backward_sources), tuple(tg.gradients))
+
+
+def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None, list[str]]:
+    """The section and the source members it added to ``members``."""
+    training = training_interface(st, outputs)
+    if training is None:
+        return None, []
+    fw, bw = st.train_states[TRAIN_FORWARD_ENTRY], st.train_states[BACKWARD_ENTRY]
+    if fw.triton is None:
+        return training, []
+    forward = replace(training.forward, cuda=_cuda(TRAIN_FORWARD_ENTRY, fw, members))
+    backward = replace(training.backward, cuda=_cuda(BACKWARD_ENTRY, bw, members))
+    return replace(training, forward=forward, backward=backward), [forward.cuda.source, backward.cuda.source]
 
 
 def _cuda(entry: str, g, members: dict) -> GraphCuda:

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
+from tcexport.formats import attestation as att
+from tcexport.formats.abi import Interface, descriptor
+from tcexport.formats.container import write_package
 from tcexport.formats.manifest import FORMAT_VERSION, KernelBundle, Manifest, Symbol, TensorSpec
 from tcexport.packager.archive import write_archive
 
@@ -39,15 +42,31 @@ int32_t tc_run(const tc_context* ctx, const int64_t* symbols, void* const* input
 """
 
 
-def compile_kernel(tmp_path: pathlib.Path, abi: int = 1) -> bytes:
-    """Build the add kernel with gcc; skip the test where there is no C compiler."""
+def descriptor_c(manifest: Manifest | None = None, blas: tuple = (), isa: str = "x86-64") -> str:
+    """``tc_abi_descriptor`` in C for ``manifest`` (default: ``make_manifest()``): the interface every format 1.7
+    library carries (formats/abi.py), as the exporter compiles it in."""
+    text = descriptor(Interface.of_manifest(manifest or make_manifest(), blas), isa).decode()
+    literal = text.replace("\\", "\\\\").replace('"', '\\"')
+    return (f'const char* tc_abi_descriptor(int64_t* size) {{ static const char t[] = "{literal}"; '
+            f'*size = (int64_t)(sizeof(t) - 1); return t; }}\n')
+
+
+def compile_c(tmp_path: pathlib.Path, source: str, name: str, *flags: str) -> bytes:
+    """Build a C source into a shared library with gcc; skip the test where there is no C compiler."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         pytest.skip("no C compiler to build the test kernel")
-    src, lib = tmp_path / "add.c", tmp_path / f"add{abi}.so"
-    src.write_text(ADD_KERNEL_C)
-    subprocess.run([gcc, "-shared", "-fPIC", "-O1", f"-DABI={abi}", "-o", str(lib), str(src)], check=True)
+    src, lib = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
+    src.write_text(source)
+    subprocess.run([gcc, "-shared", "-fPIC", "-O1", *flags, "-o", str(lib), str(src)], check=True)
     return lib.read_bytes()
+
+
+def compile_kernel(tmp_path: pathlib.Path, abi: int = 1, manifest: Manifest | None = None,
+                   descriptor: bool = True) -> bytes:
+    """Build the add kernel (with the interface descriptor of ``manifest``, default ``make_manifest()``)."""
+    source = ADD_KERNEL_C + (descriptor_c(manifest) if descriptor else "")
+    return compile_c(tmp_path, source, f"add{abi}{'' if descriptor else '-bare'}", f"-DABI={abi}")
 
 
 def spec(name, dtype, shape) -> TensorSpec:
@@ -77,3 +96,43 @@ def default_members(kernel: bytes = b"\x7fELF not a real library") -> dict[str, 
 
 def build_package(path: pathlib.Path, manifest: Manifest | None = None, members: dict | None = None) -> pathlib.Path:
     return write_archive(path, manifest or make_manifest(), members if members is not None else default_members())
+
+
+def read_entries(path: pathlib.Path) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every member, in file order, read with zipfile (no checks: tests alter them)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return [(i.filename, z.read(i)) for i in z.infolist()]
+
+
+def read_comment(path: pathlib.Path) -> bytes:
+    """The archive comment: the attestation."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        return z.comment
+
+
+def rewrite(path: pathlib.Path, out: pathlib.Path, edit=None, rehash: bool = True,
+            members: dict | None = None) -> pathlib.Path:
+    """The package at ``path`` with its manifest JSON edited by ``edit(dict)`` and/or members replaced
+    (``members``: name -> bytes), written canonically to ``out``. ``rehash`` recomputes every member's entry in
+    manifest.members and the package digest, as an attacker who edits the manifest would; without it the
+    original attestation is kept."""
+    import hashlib
+    import json
+
+    entries = dict(read_entries(path))
+    manifest = json.loads(entries.pop("manifest.json"))
+    attestation = read_comment(path) or None
+    entries.update(members or {})
+    if edit is not None:
+        edit(manifest)
+    if rehash:
+        manifest["members"] = {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                               for n, d in sorted(entries.items())}
+    manifest_bytes = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode()
+    if rehash or attestation is None:
+        attestation = att.unsigned(manifest_bytes, tuple(manifest["format_version"])).to_bytes()
+    return write_package(out, manifest_bytes, attestation, sorted(entries.items()))

@@ -23,7 +23,7 @@ def manifest_json() -> dict:
 
 def test_round_trip(manifest_json):
     m = parse_manifest(manifest_json)
-    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 6)
+    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 7)
     assert json.loads(m.dumps()) == manifest_json
     assert m.training.sources[0] == ("input", 0) and m.training.gradients[-1] == ("input", "x")
 
@@ -56,7 +56,7 @@ _DELETE = object()
 
 @pytest.mark.parametrize("path, value, message", [
     ("training/trainable/0", "no.such.weight", r"training.trainable\[0\] names 'no.such.weight'"),
-    ("training/forward/entry", "tc run", "training.forward.entry should be a C identifier"),
+    ("training/forward/entry", "tc run", "training.forward.entry should be 'tc_run_train_forward' \\(fixed by the ABI\\)"),
     ("training/forward/outputs", [], "training.forward.outputs should start with the model's outputs"),
     ("training/backward/inputs/0/from", ["saved", 0], r"'from' should be \[kind, index\]"),
     ("training/backward/inputs/0/from", ["forward", 99], r"'from' \['forward', 99\] is out of range"),

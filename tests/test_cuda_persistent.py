@@ -89,7 +89,7 @@ def test_the_sm_count_is_not_a_model_symbol(heads):
     doc["symbols"].append({"name": SM_COUNT, "min": 1, "max": None})
     with pytest.raises(FormatError, match="reserved"):
         parse_manifest(doc)
-    assert open_archive(path).manifest.format_version == (1, 6)
+    assert open_archive(path).manifest.format_version == (1, 7)
 
 
 class TransposedA(torch.nn.Module):

@@ -144,7 +144,7 @@ def test_tampered_library_is_rejected_before_loading(tmp_path):
     shutil.copy(src, bad)
     from tcexport.loader.archive import open_archive
 
-    offset, size = open_archive(src).member_offset("kernels/cpu-x86-64-v3.so")
+    offset, size = open_archive(src).file_span("kernels/cpu-x86-64-v3.so")
     data = bytearray(bad.read_bytes())
     data[offset + size // 2] ^= 0xFF
     bad.write_bytes(bytes(data))

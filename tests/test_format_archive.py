@@ -9,10 +9,11 @@ import zipfile
 import pytest
 
 from loader_helpers import KERNEL_FILE, build_package, default_members, make_manifest
+from tcexport.formats import container
+from tcexport.formats.attestation import unsigned
 from tcexport.formats.errors import FormatError, IntegrityError, VersionError
 from tcexport.formats.manifest import MANIFEST_NAME, parse_manifest
 from tcexport.loader.archive import MAX_MANIFEST_BYTES, open_archive
-from tcexport.packager import archive as writer
 from tcexport.packager.archive import write_archive
 
 
@@ -27,6 +28,7 @@ def test_member_order_and_zip_fields(tmp_path):
     with zipfile.ZipFile(p) as z:
         infos = z.infolist()
         assert [i.filename for i in infos] == [MANIFEST_NAME, KERNEL_FILE, "src/add.c", "weights.safetensors"]
+        assert z.comment.startswith(b'{"payload":')  # the attestation
         for i in infos:
             assert i.compress_type == zipfile.ZIP_STORED
             assert i.date_time == (1980, 1, 1, 0, 0, 0)
@@ -41,9 +43,11 @@ def test_every_member_is_64_byte_aligned(tmp_path):
     manifest = make_manifest(sources=tuple(sorted(members)[:-2]))
     p = build_package(tmp_path / "a.tcpkg", manifest, members)
     archive = open_archive(p)
-    for name in archive.names():
-        offset, size = archive.member_offset(name)
+    assert sorted(archive.names()) == sorted(members)
+    for name in archive.names() + [MANIFEST_NAME]:
+        offset = archive._entries[name].offset
         assert offset % 64 == 0, name
+    for name in archive.names():
         assert archive.read(name) == members[name]
 
 
@@ -82,7 +86,7 @@ def test_write_rejects_manifest_referring_to_absent_member(tmp_path):
 def test_interrupted_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch, exc):
     path = tmp_path / "a.tcpkg"
     path.write_bytes(b"old package")
-    real = writer._write_member
+    real = container.write_member
     calls = []
 
     def failing(f, name, data):
@@ -91,7 +95,7 @@ def test_interrupted_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch, ex
             raise exc
         return real(f, name, data)
 
-    monkeypatch.setattr(writer, "_write_member", failing)
+    monkeypatch.setattr(container, "write_member", failing)
     with pytest.raises(type(exc)):
         build_package(path)
     assert path.read_bytes() == b"old package"
@@ -101,10 +105,28 @@ def test_interrupted_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch, ex
 # -- hostile archives, built by hand with zipfile ------------------------------------------------------------
 
 
+class _Entries(list):
+    """(name, bytes) of a package's members, carrying its attestation (the archive comment) along."""
+    comment = b""
+
+    def _like(self, items) -> "_Entries":
+        out = _Entries(items)
+        out.comment = self.comment
+        return out
+
+    def __add__(self, other):
+        return self._like(list(self) + list(other))
+
+    def __getitem__(self, k):
+        return self._like(list.__getitem__(self, k)) if isinstance(k, slice) else list.__getitem__(self, k)
+
+
 def _good_entries(tmp_path):
     """(name, bytes) of a valid package, to be re-zipped with one thing wrong."""
     with zipfile.ZipFile(build_package(tmp_path / "good.tcpkg")) as z:
-        return [(i.filename, z.read(i)) for i in z.infolist()]
+        out = _Entries((i.filename, z.read(i)) for i in z.infolist())
+        out.comment = z.comment
+        return out
 
 
 def _rezip(path, entries, compress=zipfile.ZIP_STORED):
@@ -114,13 +136,18 @@ def _rezip(path, entries, compress=zipfile.ZIP_STORED):
         with zipfile.ZipFile(path, "w", compression=compress) as z:
             for name, data in entries:
                 z.writestr(name, data)
+            z.comment = getattr(entries, "comment", b"")
     return path
 
 
 def _with_manifest(entries, edit):
+    """The entries with the manifest edited and the package digest recomputed (as an editor would)."""
     d = json.loads(entries[0][1])
     edit(d)
-    return [(MANIFEST_NAME, json.dumps(d).encode())] + entries[1:]
+    raw = json.dumps(d).encode()
+    out = _Entries([(MANIFEST_NAME, raw)] + entries[1:])
+    out.comment = unsigned(raw, (1, 7)).to_bytes()
+    return out
 
 
 def test_rezipped_good_package_opens(tmp_path):
@@ -171,14 +198,15 @@ def test_extra_member_rejected(tmp_path):
 
 
 def test_missing_member_rejected(tmp_path):
-    entries = [e for e in _good_entries(tmp_path) if e[0] != "src/add.c"]
+    entries = _good_entries(tmp_path)
+    entries = entries._like([e for e in entries if e[0] != "src/add.c"])
     with pytest.raises(IntegrityError, match=r"'src/add.c'.*missing"):
         open_archive(_rezip(tmp_path / "b.tcpkg", entries))
 
 
 def test_altered_byte_rejected(tmp_path):
     p = build_package(tmp_path / "a.tcpkg")
-    offset, size = open_archive(p).member_offset(KERNEL_FILE)
+    offset, size = open_archive(p).file_span(KERNEL_FILE)
     raw = bytearray(p.read_bytes())
     raw[offset + size // 2] ^= 0xFF
     p.write_bytes(bytes(raw))
@@ -187,7 +215,8 @@ def test_altered_byte_rejected(tmp_path):
 
 
 def test_size_mismatch_rejected(tmp_path):
-    entries = [(n, d + b"!" if n == "src/add.c" else d) for n, d in _good_entries(tmp_path)]
+    entries = _good_entries(tmp_path)
+    entries = entries._like([(n, d + b"!" if n == "src/add.c" else d) for n, d in entries])
     with pytest.raises(IntegrityError, match=r"'src/add.c' has \d+ bytes; manifest.members expects \d+"):
         open_archive(_rezip(tmp_path / "b.tcpkg", entries))
 
@@ -240,12 +269,12 @@ def test_newer_major_version_rejected(tmp_path):
 
 def test_newer_minor_version_with_unknown_fields_loads(tmp_path):
     def edit(d):
-        d["format_version"] = [1, 7]
+        d["format_version"] = [1, 9]
         d["future_field"] = {"anything": [1, 2]}
         d["inputs"][0]["layout"] = "strided"
     entries = _with_manifest(_good_entries(tmp_path), edit)
     archive = open_archive(_rezip(tmp_path / "b.tcpkg", entries))
-    assert archive.manifest.format_version == (1, 7)
+    assert archive.manifest.format_version == (1, 9)
 
 
 def test_manifest_round_trips(tmp_path):
@@ -255,6 +284,6 @@ def test_manifest_round_trips(tmp_path):
 
 def test_alignment_extra_field_layout_is_pinned():
     """The alignment extra field is zipalign's: id 0xD935, u16 alignment, zero padding."""
-    extra = writer._align_extra(100)
+    extra = container.align_extra(100)
     ident, size, align = struct.unpack_from("<HHH", extra)
     assert (ident, align) == (0xD935, 64) and size == len(extra) - 4 and (100 + len(extra)) % 64 == 0

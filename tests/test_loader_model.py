@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from loader_helpers import (KERNEL_FILE, WEIGHTS, build_package, compile_kernel, default_members, make_manifest,
-                            spec)
+from loader_helpers import (KERNEL_FILE, WEIGHTS, build_package, compile_c, compile_kernel, default_members,
+                            descriptor_c, make_manifest, spec)
 from tcexport.formats.errors import (ArityError, DtypeError, FormatError, RuntimeKernelError, StaticDimError,
                                      SymbolRangeError, TargetError, VersionError)
 from tcexport.formats.manifest import FORMAT_VERSION, KernelBundle, Symbol
@@ -27,16 +27,6 @@ int32_t tc_run(const tc_context* ctx, const int64_t* s, void* const* in, void* c
   return 0;
 }
 """
-
-
-@pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    return compile_kernel(tmp_path_factory.mktemp("kernel"))
-
-
-@pytest.fixture
-def package(tmp_path, kernel):
-    return build_package(tmp_path / "add.tcpkg", members=default_members(kernel))
 
 
 def _load(path, tmp_path, **kw):
@@ -187,21 +177,34 @@ def test_data_address_matches_numpy():
 
 def test_cache_is_content_addressed_and_tamper_rewritten(package, tmp_path):
     model = _load(package, tmp_path)
-    cached = model._native.path
     sha = model.manifest.members[KERNEL_FILE]["sha256"]
-    assert cached.name == f"{sha}.so" and cached.parent == tmp_path / "cache" / "kernels"
-    # replace the file (never rewrite it in place: this process has it mapped, and a truncated mapping is SIGBUS)
+    data = model.archive.read(KERNEL_FILE)
+    fd = native_cpu.cached_library_fd(data, sha, tmp_path / "cache")
+    cached = tmp_path / "cache" / "kernels" / f"{sha}.so"
+    assert os.path.samestat(os.fstat(fd), os.stat(cached)) and (cached.stat().st_mode & 0o777) == 0o500
+    assert ((tmp_path / "cache" / "kernels").stat().st_mode & 0o777) == 0o700
     tampered = cached.with_name("tampered.tmp")
     tampered.write_bytes(b"tampered")
     os.replace(tampered, cached)
-    model2 = native_cpu.extract(model.archive, model._native.bundle, tmp_path / "cache")
-    assert model2 == cached and native_cpu._file_sha256(cached) == sha
+    fd2 = native_cpu.cached_library_fd(data, sha, tmp_path / "cache")
+    assert cached.read_bytes() == data and os.pread(fd2, len(data) + 1, 0) == data
+    os.close(fd), os.close(fd2)
 
 
-def test_cache_dir_from_environment(package, tmp_path, monkeypatch):
+def test_cache_dir_from_environment_when_memfds_cannot_run(package, tmp_path, monkeypatch):
+    """The disk cache is the fallback where a sealed memfd cannot be executed; it honours TCEXPORT_CACHE."""
     monkeypatch.setenv("TCEXPORT_CACHE", str(tmp_path / "envcache"))
-    model = load(package)
-    assert model._native.path.parent == tmp_path / "envcache" / "kernels"
+    code = f"""
+import os, numpy as np
+del os.memfd_create
+import tcexport.loader as L
+m = L.load({str(package)!r})
+print(m(np.ones((1, 4), np.float32)).sum())
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    sha = load(package).manifest.members[KERNEL_FILE]["sha256"]
+    assert (tmp_path / "envcache" / "kernels" / f"{sha}.so").is_file()
 
 
 def test_num_threads_default_reads_omp_at_load(package, tmp_path, monkeypatch):
@@ -223,40 +226,60 @@ def _bundle(isa, requires=(), **kw):
 
 
 def test_bundle_choice_by_cpu_flags():
+    from tcexport.formats.abi import CPU_ISA_REQUIRES
+    v4, v3 = set(CPU_ISA_REQUIRES["x86-64-v4"]), set(CPU_ISA_REQUIRES["x86-64-v3"])
     m = make_manifest(kernels=(_bundle("x86-64-v4", ["avx512f"]), _bundle("x86-64-v3", ["avx2", "fma"]),
                                _bundle("x86-64")))
     choose = native_cpu.choose_bundle
-    assert choose(m, flags={"avx512f", "avx2", "fma"}, arch="x86-64").isa == "x86-64-v4"
-    assert choose(m, flags={"avx2", "fma"}, arch="x86-64").isa == "x86-64-v3"
+    assert choose(m, flags=v4, arch="x86-64").isa == "x86-64-v4"
+    assert choose(m, flags=v3, arch="x86-64").isa == "x86-64-v3"
     assert choose(m, flags=set(), arch="x86-64").isa == "x86-64"
     assert choose(m, isa="x86-64", flags={"avx512f"}, arch="x86-64").isa == "x86-64"
-    with pytest.raises(TargetError, match=r"needs CPU flags \['avx512f'\]"):
-        choose(m, isa="x86-64-v4", flags={"avx2"}, arch="x86-64")
+    with pytest.raises(TargetError, match=r"needs CPU flags \[.*'avx512f'"):
+        choose(m, isa="x86-64-v4", flags=v3, arch="x86-64")
     with pytest.raises(TargetError, match="no cpu kernel bundle with isa 'sve'.*x86-64-v4"):
         choose(m, isa="sve", flags=set(), arch="x86-64")
+
+
+def test_edited_requires_cannot_pick_a_level_this_cpu_lacks():
+    """A manifest whose v4 bundle claims to require nothing still needs AVX-512: the loader's own table."""
+    from tcexport.formats.abi import CPU_ISA_REQUIRES
+    m = make_manifest(kernels=(_bundle("x86-64-v4", []), _bundle("x86-64")))
+    assert native_cpu.choose_bundle(m, flags=set(CPU_ISA_REQUIRES["x86-64-v3"]), arch="x86-64").isa == "x86-64"
 
 
 def test_no_usable_bundle_lists_what_the_package_has():
     m = make_manifest(kernels=(_bundle("x86-64-v4", ["avx512f"]),))
     with pytest.raises(TargetError) as e:
         native_cpu.choose_bundle(m, flags={"avx2"}, arch="x86-64")
-    assert "x86-64-v4 (requires avx512f)" in str(e.value) and "['avx512f']" in str(e.value)
+    assert "x86-64-v4 (requires avx512f)" in str(e.value) and "'avx512bw'" in str(e.value)
     with pytest.raises(TargetError, match="aarch64 machine"):
         native_cpu.choose_bundle(make_manifest(), flags=set(), arch="aarch64")
 
 
 def test_missing_system_library_names_the_package(tmp_path, kernel, monkeypatch):
-    m = make_manifest(kernels=(_bundle("x86-64", libraries=("libc.so.6", "libtcexport-nope.so.9")),))
+    m = make_manifest(kernels=(_bundle("x86-64", libraries=("libc.so.6", "libgomp.so.1")),))
     p = build_package(tmp_path / "p.tcpkg", m, default_members(kernel))
-    with pytest.raises(TargetError, match="libtcexport-nope.so.9.*install the system package"):
+    real = native_cpu.ctypes.CDLL
+
+    def missing_gomp(name, *a, **kw):  # an allow-listed soname this machine lacks
+        if name == "libgomp.so.1":
+            raise OSError("libgomp.so.1: cannot open shared object file")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(native_cpu.ctypes, "CDLL", missing_gomp)
+    with pytest.raises(TargetError, match=r"libgomp.so.1.*apt-get install libgomp1.*dnf install libgomp"):
         _load(p, tmp_path)
-    monkeypatch.setitem(native_cpu.LIBRARY_PACKAGES, "libtcexport-nope.so.9", ("libnope1", "libnope"))
-    with pytest.raises(TargetError, match="apt-get install libnope1.*dnf install libnope"):
-        _load(p, tmp_path)
+
+
+def test_library_outside_the_allow_list_is_refused(tmp_path, kernel):
+    m = make_manifest(kernels=(_bundle("x86-64", libraries=("libtcexport-nope.so.9",)),))
+    with pytest.raises(FormatError, match="may only need the system libraries"):
+        build_package(tmp_path / "p.tcpkg", m, default_members(kernel))
 
 
 def test_abi_mismatch(tmp_path):
-    lib2 = compile_kernel(tmp_path, abi=2)
+    lib2 = compile_kernel(tmp_path, abi=2)  # the same interface descriptor; tc_abi_version says 2
     p = build_package(tmp_path / "p.tcpkg", members=default_members(lib2))
     with pytest.raises(FormatError, match="reports C ABI 2; the manifest says 1"):
         _load(p, tmp_path)
@@ -268,15 +291,12 @@ def test_abi_mismatch(tmp_path):
 
 def test_blas_pointers_reach_the_kernel(tmp_path):
     pytest.importorskip("scipy_openblas32")
-    src = tmp_path / "gemm.c"
-    src.write_text(GEMM_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "gemm.so"), str(src)], check=True)
     w = np.arange(16, dtype=np.float32).reshape(4, 4)
     from safetensors.numpy import save
-    members = {"weights.safetensors": save({"w": w}), KERNEL_FILE: (tmp_path / "gemm.so").read_bytes(),
-               "src/add.c": b""}
     m = make_manifest(weights=(spec("w", "float32", [4, 4]),), workspace_bytes=0,
                       kernels=(_bundle("x86-64", blas=("sgemm",)),))
+    members = {"weights.safetensors": save({"w": w}), "src/add.c": b"",
+               KERNEL_FILE: compile_c(tmp_path, GEMM_C + descriptor_c(m, ("sgemm",)), "gemm")}
     model = _load(build_package(tmp_path / "g.tcpkg", m, members), tmp_path)
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(model(x), x @ w, rtol=1e-5)

@@ -217,8 +217,8 @@ def native_isa_only():
     flags = cpu_flags() or set()
     best = next((isa for isa in build.ISA_LEVELS if set(isa.requires) <= flags), build.ISA_LEVELS[-1])
     real = build.build_all
-    return mock.patch.object(build, "build_all", lambda source, isas=None, cache_dir=None:
-                             real(source, (best,), cache_dir))
+    return mock.patch.object(build, "build_all", lambda source, isas=None, cache_dir=None, **kw:
+                             real(source, (best,), cache_dir, **kw))
 
 
 def _split_or_record(cases, tag: str, stage: str, error: Exception) -> None:

@@ -1,0 +1,79 @@
+"""The CUDA loader's launch list is checked against what the cubins declare, before a cubin reaches the driver:
+parameter count and widths, block size, entry function, arch, shared memory. Runs without a GPU (formats/cubin.py
+reads the ELF); tests/test_cuda_gpu.py and the GPU trust script run the same on a real device."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("triton")
+
+from loader_helpers import rewrite  # noqa: E402
+from packages import EXAMPLES, WORK  # noqa: E402
+from tcexport.formats.cubin import kernel_info  # noqa: E402
+from tcexport.formats.errors import FormatError  # noqa: E402
+from tcexport.loader.archive import open_archive  # noqa: E402
+from tcexport.loader.cuda_model import checked_cubins  # noqa: E402
+
+pytestmark = pytest.mark.slow
+H200_SHARED = 227 * 1024
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_package():
+    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.pipeline import export
+
+    spec = load_model_file(str(EXAMPLES / "mlp.py"))
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, "cuda:sm_80,sm_90", name="mlp",
+                 cache_dir=WORK / "cache")
+    return pkg.save(WORK / "mlp-cuda-trust.tcpkg")
+
+
+def _check(path):
+    archive = open_archive(path)
+    m = archive.manifest
+    for bundle in m.kernels:
+        checked_cubins(archive, bundle, m.cuda.launches, bundle.cubins, H200_SHARED)
+    return archive
+
+
+def test_unaltered_cubins_pass_and_describe_their_kernels():
+    archive = _check(cuda_package())
+    bundle = archive.manifest.kernels[-1]
+    launch, cubin = archive.manifest.cuda.launches[0], bundle.cubins[0]
+    info = kernel_info(archive.read(cubin.file), cubin.function)
+    assert info.block == (cubin.num_warps * 32, 1, 1) and len(info.param_sizes) == len(launch.params) + 2
+
+
+def _sm90(m):
+    return next(k for k in m["kernels"] if k["target"] == "cuda:sm_90")
+
+
+EDITS = {
+    "a parameter added": (lambda m: m["cuda"]["launches"][0]["params"].append({"kind": "symbol", "value": "batch"}),
+                          "passes .* parameters"),
+    "a pointer dropped": (lambda m: m["cuda"]["launches"][0]["params"].pop(0), "passes .* parameters"),
+    "64-bit symbols": (lambda m: m["cuda"]["launches"][0].update(index_bits=64), "passes .* parameters"),
+    "another block size": (lambda m: _sm90(m)["cubins"][0].update(num_warps=8), "requires a block of"),
+    "cubins swapped": (lambda m: _swap(_sm90(m)["cubins"], "file"), "has no kernel function"),
+    "another function": (lambda m: _sm90(m)["cubins"][0].update(function="abort"), "has no kernel function"),
+    "another arch's cubin": (lambda m: _sm90(m)["cubins"][0].update(
+        file=next(k for k in m["kernels"] if k["target"] == "cuda:sm_80")["cubins"][0]["file"]), "is for sm_80"),
+    "too much shared memory": (lambda m: _sm90(m)["cubins"][0].update(shared=H200_SHARED + 1024),
+                               "shared memory"),
+}
+
+
+def _swap(cubins, key):
+    cubins[0][key], cubins[1][key] = cubins[1][key], cubins[0][key]
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_rehashed_launch_edits_are_refused(tmp_path, edit):
+    change, message = EDITS[edit]
+    edited = rewrite(cuda_package(), tmp_path / "e.tcpkg", change)
+    with pytest.raises(FormatError, match=message):
+        _check(edited)
