@@ -102,3 +102,20 @@ np.save({str(tmp_path / 'y.npy')!r}, m(np.load({str(tmp_path / 'x.npy')!r})))
     assert r.returncode == 0, r.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), np.asarray(PACKAGES[current]["output"], np.float32),
                                rtol=EXPECTED["rtol"], atol=EXPECTED["atol"])
+
+
+def test_signed_golden_package_verifies():
+    """A 1.7 package signed today (with a test key kept beside it: never trust it for anything else) keeps
+    verifying: the attestation's layout and the signed bytes are pinned."""
+    pytest.importorskip("cryptography")
+    from tcexport.formats.errors import SignatureError
+
+    signed, plain = GOLDEN / "v1_7.signed.tcpkg", GOLDEN / "v1_7.tcpkg"
+    key = GOLDEN / "test-signing-key.pub.pem"
+    model = L.load(signed, trusted_keys=[key])
+    entry = PACKAGES["v1_7.tcpkg"]
+    np.testing.assert_allclose(model(np.asarray(entry["input"], np.float32)), np.asarray(entry["output"], np.float32),
+                               rtol=EXPECTED["rtol"], atol=EXPECTED["atol"])
+    assert model.archive.manifest_bytes == L.open_archive(plain).manifest_bytes
+    with pytest.raises(SignatureError):
+        L.load(plain, trusted_keys=[key])
