@@ -70,6 +70,19 @@ class Archive:
         offset, size = span
         return memoryview(self.memory)[offset:offset + size]
 
+    def release(self) -> bool:
+        """Give back the private copy of the kept members (a CUDA model, once its weights are on the device and
+        its cubins loaded, needs no host copy); later reads re-read the file and verify it again. False, and
+        nothing given back, while views of the memory are still in use."""
+        if self.memory is None:
+            return True
+        try:
+            self.memory.close()
+        except BufferError:
+            return False
+        self.memory, self._spans = None, {}
+        return True
+
     def find(self, name: str, needle: bytes, start: int = 0) -> int:
         """Where ``needle`` first occurs in a member at or after ``start`` (-1 if nowhere), without a copy."""
         span = self._spans.get(name)

@@ -645,9 +645,10 @@ def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indic
     if archive.manifest.cuda is None:
         pick_bundle(archive.manifest, Device(int(index or 0)).arch, archive.path)
     t = archive.manifest.training
+    cls = CudaModel
     if t is not None and t.forward.cuda is not None:  # --backward: forward(grad=True), backward, weights
-        from .cuda_training import TrainableCudaModel
-        return TrainableCudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
-                                  dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
-    return CudaModel(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
-                     dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
+        from .cuda_training import TrainableCudaModel as cls
+    model = cls(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
+                dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
+    archive.release()  # the weights are on the device and the cubins loaded: no host copy stays in memory
+    return model

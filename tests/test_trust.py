@@ -386,3 +386,19 @@ def test_tcexport_sign_key(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == SignatureError.exit_code and json.loads(r.stdout)["error"] == "SignatureError"
     assert not (tmp_path / "x.tcpkg").exists()
+
+
+def test_release_gives_the_private_copy_back_and_reads_verify_again(package, tmp_path):
+    from tcexport.loader.weights import load_weights
+    archive = open_archive(package)
+    weights = load_weights(archive)
+    assert not archive.release()  # a view is alive: nothing is given back under it
+    del weights
+    assert archive.release() and archive.memory is None
+    assert archive.read(KERNEL_FILE) == dict(read_entries(package))[KERNEL_FILE]  # read again, verified
+    raw = bytearray(package.read_bytes())
+    offset, size = archive.file_span(KERNEL_FILE)
+    raw[offset + size // 2] ^= 1
+    package.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="changed on disk"):
+        archive.read(KERNEL_FILE)
