@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tcexport.formats import attestation as att
 from tcexport.formats.container import Entry, read_directory
-from tcexport.formats.errors import FormatError, IntegrityError, SignatureError
+from tcexport.formats.errors import FormatError, IntegrityError, SignatureError, TargetError
 from tcexport.formats.manifest import MANIFEST_NAME, Manifest, parse_manifest
 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
@@ -266,7 +266,11 @@ def _verify_members(f: _File, manifest: Manifest, entries: dict, path) -> tuple[
     for name in kept:
         spans[name] = (total, entries[name].size)
         total += -(-entries[name].size // _ALIGN) * _ALIGN
-    memory = _private_memory(total) if total else None
+    try:
+        memory = _private_memory(total) if total else None
+    except (OSError, MemoryError) as e:
+        raise TargetError(f"{path}: this machine cannot hold the {total} bytes of the package's weights and "
+                          f"kernels in memory ({type(e).__name__}); free memory or load it elsewhere.") from None
     digests = _hash_all(f, [(n, entries[n], spans.get(n)) for n in sorted(listed)], memory)
     for name in sorted(listed):
         want = manifest.members[name]["sha256"].lower()
