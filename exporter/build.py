@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tcexport.formats.abi import CPU_ISA_REQUIRES, ISA_MACRO
+from tcexport.formats.abi import CPU_ISA_REQUIRES, ISA_MACRO, ISA_PLACEHOLDER
 from tcexport.formats.files import scratch_dir
 
 from .build_cache import BuildCache
@@ -70,12 +70,12 @@ def isa_flags(isa: IsaLevel) -> list[str]:
 
 def build_one(source: str, isa: IsaLevel, cache: BuildCache | None, warn: Callable[[str], None] | None = None,
               descriptor: bytes = b"") -> bytes:
-    """``cache`` None: build without one. ``descriptor`` (formats/abi.py, with the isa as ``"@isa@"``) is what the
+    """``cache`` None: build without one. ``descriptor`` (formats/abi.py, with the isa as ``ISA_PLACEHOLDER``) is what the
     library must contain; a cached library that does not is rebuilt."""
     cxx = compiler()
     flags = list(BASE_FLAGS) + isa_flags(isa)
     key = hashlib.sha256("\0".join([source, compiler_version(cxx), *flags]).encode()).hexdigest()
-    expected = descriptor.replace(b'"@isa@"', f'"{isa.name}"'.encode())
+    expected = descriptor.replace(f'"{ISA_PLACEHOLDER}"'.encode(), f'"{isa.name}"'.encode())
     check = (lambda data: data[:4] == b"\x7fELF" and expected in data)
     hit = cache.get(key, ".so", check) if cache is not None else None
     if hit is not None:

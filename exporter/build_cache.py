@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 from tcexport.formats.errors import CacheError
-from tcexport.formats.private_files import fd_bytes, open_verified, private_dir, write_private
+from tcexport.formats.private_files import fd_bytes, open_private, open_verified, private_dir, write_private
 
 MAX_RECORD_BYTES = 1 << 20
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class BuildCache:
@@ -78,7 +77,7 @@ class BuildCache:
                        f"caching. Set TCEXPORT_CACHE to a writable folder to keep builds between exports")
 
     def _record(self, key: str) -> dict | None:
-        fd = open_verified_any(self._fd, f"{key}.json")
+        fd = open_private(self._fd, f"{key}.json")
         if fd is None:
             return None
         try:
@@ -99,18 +98,3 @@ class BuildCache:
             except OSError:
                 pass
 
-
-def open_verified_any(dir_fd: int, name: str) -> int | None:
-    """A read descriptor of ``name`` if it is a regular file of ours that no one else may write (a record, whose
-    content the caller checks); None otherwise."""
-    import stat
-
-    try:
-        fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        os.close(fd)
-        return None
-    return fd

@@ -91,7 +91,7 @@ def export(
             raise output_error("the package", out, e, "pass another path with -o") from e
         seconds = time.perf_counter() - t0
         summary = {"ok": True, "package": str(out), "bytes": out.stat().st_size, "export_seconds": round(seconds, 3),
-                   "digest": _digest(out), "signed": sign_key is not None,
+                   "digest": pkg.digest, "signed": sign_key is not None,
                    "stages": {k: round(v, 3) for k, v in pkg.timings.items()},
                    "inputs": [_spec_json(s) for s in pkg.manifest.inputs],
                    "outputs": [_spec_json(s) for s in pkg.manifest.outputs],
@@ -136,20 +136,6 @@ def _fail(error: str, message: str, exit_code: int, as_json: bool) -> None:
     else:
         print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(exit_code)
-
-
-def _digest(path: Path) -> str:
-    """The package digest of what was just written (the SHA-256 of its manifest as stored, SPEC §7)."""
-    from tcexport.formats.attestation import package_digest
-    from tcexport.formats.container import read_directory
-
-    with open(path, "rb") as f:
-        def read_at(offset: int, count: int) -> bytes:
-            f.seek(offset)
-            return f.read(count)
-        entries = read_directory(read_at, path.stat().st_size, str(path)).entries
-        manifest = next(e for e in entries if e.name == "manifest.json")
-        return package_digest(read_at(manifest.offset, manifest.size))
 
 
 def _expr_text(e) -> str:

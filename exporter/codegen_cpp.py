@@ -14,9 +14,7 @@ from pathlib import Path
 
 import sympy
 
-from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO
-
-ISA_PLACEHOLDER = "@isa@"  # stands for the isa in the descriptor given to ``generate`` (see descriptor_function)
+from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO, ISA_PLACEHOLDER
 
 from . import ir
 from .fuse import Kernel, qvar

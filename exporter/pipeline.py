@@ -125,10 +125,10 @@ def stage_codegen(st: State) -> str:
     dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
     st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
     extra = tuple((entry, g.program, g.kernels, g.memory) for entry, g in st.train_states.items())
-    from tcexport.formats.abi import descriptor
+    from tcexport.formats.abi import ISA_PLACEHOLDER, descriptor
     from tcexport.packager.package import interface
 
-    st.descriptor = descriptor(interface(st), codegen_cpp.ISA_PLACEHOLDER)
+    st.descriptor = descriptor(interface(st), ISA_PLACEHOLDER)
     st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra, st.descriptor)
     return st.cpp
 

@@ -49,10 +49,10 @@ def private_dir(path) -> int:
     return fd
 
 
-def open_verified(dir_fd: int, name: str, sha256: str) -> int | None:
-    """A read descriptor of ``name`` in the directory if it is a regular file of this user's, not writable by
-    others, whose bytes (read through that descriptor) hash to ``sha256``; else None. A symlink or a file of
-    another owner in its place is removed (the directory is ours, so nothing of anyone else's is lost)."""
+def open_private(dir_fd: int, name: str) -> int | None:
+    """A read descriptor of ``name`` in the directory if it is a regular file of this user's that no one else may
+    write; else None. A symlink or a file of another owner in its place is removed (the directory is ours, so
+    nothing of anyone else's is lost)."""
     try:
         fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -65,7 +65,13 @@ def open_verified(dir_fd: int, name: str, sha256: str) -> int | None:
         os.close(fd)
         _remove(dir_fd, name)
         return None
-    if fd_sha256(fd) != sha256:
+    return fd
+
+
+def open_verified(dir_fd: int, name: str, sha256: str) -> int | None:
+    """``open_private``, and only if the file's bytes (read through that descriptor) hash to ``sha256``."""
+    fd = open_private(dir_fd, name)
+    if fd is not None and fd_sha256(fd) != sha256:
         os.close(fd)
         return None
     return fd

@@ -193,7 +193,7 @@ def _from_memfd(data, sha: str, bundle: KernelBundle) -> tuple[int | None, ctype
             done += os.write(fd, view[done:])
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
                     | fcntl.F_SEAL_SEAL)
-        _check_fd(fd, sha, bundle)
+        _check_fd(fd, sha, f"kernel library {bundle.file!r}")
         return fd, ctypes.CDLL(f"/proc/self/fd/{fd}")
     except OSError:  # not executable here (vm.memfd_noexec): the disk cache takes over
         os.close(fd)
@@ -225,21 +225,22 @@ def cached_library_fd(data, sha: str, directory: pathlib.Path) -> int:
             except OSError as e:
                 raise CacheError(f"cannot write the kernel cache {kernels}: {e.strerror or e}. Set TCEXPORT_CACHE or "
                                  f"pass cache_dir= to a writable directory.") from None
-            found = fd_sha256(fd)
-            if found != sha:
+            try:
+                _check_fd(fd, sha, f"kernel cache entry {kernels / name}")
+            except IntegrityError:
                 os.close(fd)
-                raise IntegrityError(f"kernel cache entry {kernels / name} hashes to {found} right after it was "
-                                     f"written, not {sha}; nothing was loaded.")
+                raise
         return fd
     finally:
         os.close(dir_fd)
 
 
-def _check_fd(fd: int, sha: str, bundle: KernelBundle) -> None:
+def _check_fd(fd: int, sha: str, what: str) -> None:
+    """The bytes about to be loaded, read through their descriptor, are the verified ones."""
     found = fd_sha256(fd)
     if found != sha:
-        raise IntegrityError(f"kernel library {bundle.file!r}: the bytes about to be loaded have SHA-256 {found}, "
-                             f"not the verified {sha}. Nothing was loaded.")
+        raise IntegrityError(f"{what}: the bytes about to be loaded have SHA-256 {found}, not the verified {sha}. "
+                             f"Nothing was loaded.")
 
 
 def _dlopen(path: str, bundle: KernelBundle) -> ctypes.CDLL:

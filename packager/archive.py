@@ -22,7 +22,13 @@ RESERVED = (MANIFEST_NAME,)
 
 
 def write_archive(path, manifest: Manifest, members: Mapping[str, bytes], sign_key=None) -> pathlib.Path:
-    """Write ``manifest`` and ``members`` to ``path`` atomically; return the path.
+    """Write ``manifest`` and ``members`` to ``path`` atomically; return the path (see write_archive_digest)."""
+    return write_archive_digest(path, manifest, members, sign_key)[0]
+
+
+def write_archive_digest(path, manifest: Manifest, members: Mapping[str, bytes],
+                         sign_key=None) -> tuple[pathlib.Path, str]:
+    """Write ``manifest`` and ``members`` to ``path`` atomically; return the path and the package digest.
 
     ``manifest.members`` is filled in here (SHA-256 and size of every member), so callers pass a manifest whose
     ``members`` is empty or stale. The result is parsed back before anything is written, so a package that the
@@ -40,4 +46,5 @@ def write_archive(path, manifest: Manifest, members: Mapping[str, bytes], sign_k
     statement = att.unsigned(manifest_bytes, manifest.format_version)
     if sign_key is not None:
         statement = att.sign(statement, att.load_private_key(sign_key))
-    return write_package(path, manifest_bytes, statement.to_bytes(), [(n, members[n]) for n in names])
+    written = write_package(path, manifest_bytes, statement.to_bytes(), [(n, members[n]) for n in names])
+    return written, statement.digest

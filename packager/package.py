@@ -11,12 +11,12 @@ import safetensors.numpy
 import torch
 
 from tcexport.formats import expr as ex
-from tcexport.formats.abi import CPU_ENTRY, Interface, descriptor
+from tcexport.formats.abi import CPU_ENTRY, ISA_PLACEHOLDER, Interface, descriptor
 from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import (CPU_ABI_VERSION, CUDA_ABI_VERSION, FORMAT_VERSION, Cubin, CudaPlan, Guard,
                                        KernelBundle, Launch, Manifest, Symbol, TensorSpec)
 
-from .archive import write_archive
+from .archive import write_archive_digest
 from .exprs import to_expr
 from .training import training_interface, training_section
 
@@ -37,10 +37,12 @@ class Package:
     timings: dict
     onnx: bytes | None = None  # the model as ONNX, when the export asked for it
     warnings: tuple = ()       # what export demanded and tcexport accepted (e.g. a divisibility guard)
+    digest: str | None = None  # the package digest of the archive ``save`` wrote last (SPEC §7)
 
     def save(self, path, sign_key=None) -> Path:
         """Write the archive atomically; ``sign_key`` (an ed25519 private key: PEM path or bytes) signs it."""
-        return write_archive(Path(path), self.manifest, self.members, sign_key=sign_key)
+        written, self.digest = write_archive_digest(Path(path), self.manifest, self.members, sign_key=sign_key)
+        return written
 
 
 def _weights_bytes(st) -> bytes:
@@ -146,7 +148,7 @@ def package(st, model_name: str, embed_onnx: bool = False) -> Package:
         cuda=cuda,
         training=training,
     )
-    if st.cpp and st.descriptor != descriptor(Interface.of_manifest(manifest, tuple(st.blas)), "@isa@"):
+    if st.cpp and st.descriptor != descriptor(Interface.of_manifest(manifest, tuple(st.blas)), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
                           "tcexport bug; please report it with the model)")
     return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,

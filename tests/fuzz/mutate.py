@@ -343,7 +343,7 @@ class Mutator:
         if r < 0.6:
             old = parent[key]
             parent[key] = self._value(old)
-            note = f"{_show(path)}: {_clip(old)} -> {_clip(parent[key])}"
+            note = f"{_show(path)}: {_note(old)} -> {_note(parent[key])}"
         elif r < 0.75:
             del parent[key]
             note = f"deleted {_show(path)}"
@@ -379,7 +379,7 @@ class Mutator:
             except (IndexError, TypeError):
                 pass
         return Mutant(self._rebuild(_dumps(m, self.rng), True), "expression", content_changed=self.legacy,
-                      note=f"{_show(path)} = {_clip(expr)}")
+                      note=f"{_show(path)} = {_note(expr)}")
 
     def weights_header(self) -> Mutant:
         data = dict(self.members)[self.weights_name]
@@ -509,16 +509,15 @@ def _dumps(m, rng: random.Random) -> bytes:
     return text.replace(f'"{DEEP}"', "[" * n + "1" + "]" * n).encode()
 
 
+def _note(v) -> str:
+    from tcexport.formats.errors import clip
+
+    return clip(v, 60)
+
+
 def _show(path) -> str:
     return "".join(f"[{p!r}]" for p in path)
 
-
-def _clip(v, n: int = 60) -> str:
-    try:
-        text = json.dumps(v)
-    except (TypeError, ValueError, RecursionError):
-        text = type(v).__name__
-    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------------------
