@@ -197,9 +197,9 @@ class OnnxRuntime:
     name = "onnxruntime"
 
     def build(self, bm, ctx) -> Built:
-        from tcexport.exporter.dynamic import SymbolSpec, to_torch_dynamic_shapes
-        from tcexport.exporter.model_file import ModelSpec, forward_input_names
-        from tcexport.exporter.onnx_export import export_onnx_bytes, write_onnx
+        from tcexport.exporter.front.dynamic import SymbolSpec, to_torch_dynamic_shapes
+        from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
+        from tcexport.exporter.check.onnx import export_onnx_bytes, write_onnx
 
         if ctx.dtype != torch.float32:
             raise NotImplementedError("the ONNX backend is benchmarked in float32 only")

@@ -8,7 +8,8 @@ import os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
 from bench.models import get
-from tcexport.exporter import export, codegen_triton
+from tcexport.exporter import export
+from tcexport.exporter.cuda import codegen as codegen_triton
 import tcexport.loader as L
 from bench.run import compare_interleaved
 

@@ -16,7 +16,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 import tcexport.loader as L  # noqa: E402
 from bench.models import get  # noqa: E402
 from bench.run import compare_interleaved  # noqa: E402
-from tcexport.exporter import codegen_triton, export  # noqa: E402
+from tcexport.exporter import export
+from tcexport.exporter.cuda import codegen as codegen_triton  # noqa: E402
 
 bm = get("gpt2-small")
 GEMM_CONFIG = codegen_triton.gemm_config
@@ -96,8 +97,8 @@ calls = {"tiles": lambda: mm_tile[(tiles,)](a, w, c, zero, 1024, 50257, 768, 128
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tcexport.exporter import build_cuda  # noqa: E402
-from tcexport.exporter.codegen_triton import Launch  # noqa: E402
+from tcexport.exporter.cuda import build as build_cuda  # noqa: E402
+from tcexport.exporter.cuda.codegen import Launch  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from tcexport.loader.native_cuda import ParamBlock  # noqa: E402
 

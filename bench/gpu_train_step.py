@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.getcwd())
 import tcexport.loader as L  # noqa: E402
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,8 +31,8 @@ def instrument(cpp: str) -> tuple[str, list[str]]:
 
 
 def main(argv=None) -> None:
-    from tcexport.exporter.build import BASE_FLAGS, ISA_LEVELS, compiler, isa_flags
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.cpu.build import BASE_FLAGS, ISA_LEVELS, compiler, isa_flags
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
     import tcexport.loader as L
 

@@ -157,7 +157,7 @@ def _run_worker(backend: str, model_file: str, folder: Path, threads: int, packa
 
 def _export(model_file: str, out: Path) -> float:
     sys.path.insert(0, str(ROOT / "tests"))
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     spec = load_model_file(ROOT / model_file)
@@ -179,7 +179,7 @@ def build_packages(models: list[str], folder: Path) -> None:
 def run(models: list[str], threads: int, packages: Path | None = None) -> dict:
     import torch
 
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="tcexport-train-bench-") as tmp:

@@ -1,5 +1,5 @@
 """The compiler: capture → lower → fuse → plan → codegen → build. ``export()`` is the Python entry point."""
 
-from .pipeline import export
+from tcexport.exporter.pipeline import export
 
 __all__ = ["export"]

@@ -22,7 +22,7 @@ import typer
 
 from tcexport.formats.errors import TcError
 
-from .errors import output_error
+from tcexport.exporter.errors import output_error
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 VERIFY_FAILED = 20
@@ -66,8 +66,9 @@ def export(
                                             "key (PEM; openssl genpkey -algorithm ed25519 -out KEY.pem)"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
-    from . import pipeline, verify as verify_mod
-    from .model_file import load_model_file
+    from tcexport.exporter import pipeline
+    from tcexport.exporter.check import verify as verify_mod
+    from tcexport.exporter.front.model_file import load_model_file
 
     out = output or model_file.with_suffix(".tcpkg")
     quiet = quiet or as_json
@@ -107,7 +108,7 @@ def export(
         for w in pkg.warnings if not quiet else ():
             print(f"warning: {w}", file=sys.stderr)
         if pkg.onnx is not None:
-            from .onnx_export import write_onnx
+            from tcexport.exporter.check.onnx import write_onnx
 
             summary["onnx"] = str(write_onnx(pkg.onnx, out.with_suffix(".onnx")))
         if not quiet:

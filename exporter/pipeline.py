@@ -17,11 +17,15 @@ from typing import Callable
 
 import torch
 
-from . import build as build_mod
-from . import capture as capture_mod
-from . import codegen_cpp, codegen_triton, fuse as fuse_mod, lower as lower_mod, plan as plan_mod
-from .errors import ExportError, output_error
-from .model_file import ModelSpec, forward_input_names
+from tcexport.exporter.cpu import build as build_mod
+from tcexport.exporter.front import capture as capture_mod
+from tcexport.exporter.cpu import codegen as codegen_cpp
+from tcexport.exporter.cuda import codegen as codegen_triton
+from tcexport.exporter.schedule import fuse as fuse_mod
+from tcexport.exporter.lower import core as lower_mod
+from tcexport.exporter.schedule import memory as plan_mod
+from tcexport.exporter.errors import ExportError, output_error
+from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
 
 TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
 
@@ -69,7 +73,8 @@ def stage_capture(st: State) -> str:
 
 
 def stage_autograd(st: State) -> str:
-    from . import autograd, autograd_lower
+    from tcexport.exporter.front import autograd
+    from tcexport.exporter.lower import training as autograd_lower
 
     st.training = autograd.capture_training(st.spec, st.captured, st.grad_inputs)
     st.train_states = {entry: State(st.spec, st.dynamic, st.targets, st.cache_dir, captured=captured,
@@ -114,7 +119,7 @@ def stage_fuse(st: State) -> str:
 def stage_plan(st: State) -> str:
     text = _each_graph(st, _plan)
     if st.train_states:
-        from .autograd_lower import share_weights
+        from tcexport.exporter.lower.training import share_weights
 
         share_weights(st, list(st.train_states.values()))
     return text
@@ -139,8 +144,8 @@ def stage_build(st: State) -> str:
 
 
 def stage_codegen_triton(st: State) -> str:
-    from .fuse_attention import fuse_attention
-    from .split_k import split_k
+    from tcexport.exporter.schedule.attention import fuse_attention
+    from tcexport.exporter.schedule.split_k import split_k
 
     st.cuda_kernels = split_k(st.program, fuse_attention(st.program, st.kernels))
     st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
@@ -150,7 +155,7 @@ def stage_codegen_triton(st: State) -> str:
 
 def stage_autotune(st: State) -> str:
     """Measure candidate tiles on this machine's GPU (autotune.py) and regenerate the module with the winners."""
-    from .autotune import autotune
+    from tcexport.exporter.tune.autotune import autotune
 
     st.tuning, report = autotune(st, st.autotune_at)
     st.triton = codegen_triton.generate(st.program, st.cuda_kernels, st.tuning["configs"])
@@ -158,7 +163,7 @@ def stage_autotune(st: State) -> str:
 
 
 def stage_build_cuda(st: State) -> str:
-    from . import build_cuda
+    from tcexport.exporter.cuda import build as build_cuda
 
     st.cubins = build_cuda.build_cubins(st.triton, cuda_archs(st.targets),
                                         st.cache_dir or build_mod.default_cache_dir())
@@ -205,7 +210,7 @@ STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] =
 
 
 def stage_onnx(st: State) -> str:
-    from .onnx_export import export_onnx_bytes
+    from tcexport.exporter.check.onnx import export_onnx_bytes
 
     st.onnx = export_onnx_bytes(st.spec, st.captured.dynamic_shapes)
     return f"ONNX opset {st.onnx[1]}, {len(st.onnx[0])} bytes"
@@ -280,8 +285,8 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     ``backward=True`` also packages a training forward and a backward (for every target), with gradients for every
     parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
-    interpreter (exporter/triton_interpret.py), which is how tests check many kernels quickly.
-    ``autotune=True`` measures GEMM and attention tiles on this machine's GPU (exporter/autotune.py) at the
+    interpreter (exporter/check/interpret.py), which is how tests check many kernels quickly.
+    ``autotune=True`` measures GEMM and attention tiles on this machine's GPU (exporter/tune/autotune.py) at the
     example inputs, or at each of ``autotune_at`` ("batch=8" strings); ``tuning`` (a .tcpkg path, or its
     manifest's ``cuda.tuning``) builds with a recorded tuning instead of the heuristics, no GPU needed.
     """
@@ -302,7 +307,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     if autotune_at and not autotune:
         raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
     if autotune:
-        from .autotune import parse_at, require_gpu
+        from tcexport.exporter.tune.autotune import parse_at, require_gpu
 
         require_gpu(st.targets)
         st.autotune_at = parse_at(autotune_at)

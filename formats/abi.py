@@ -30,7 +30,7 @@ SYSTEM_LIBRARIES = {
 DESCRIPTOR_VERSION = (1, 7)  # packages of this format version and later carry the descriptor
 DESCRIPTOR_PREFIX = b'{"abi":1,'  # how every descriptor starts (canonical JSON: "abi" sorts first)
 ISA_PLACEHOLDER = "@isa@"    # stands for the isa in a descriptor made before the ISA level is known (one source
-                             # serves every level; each build substitutes its own, see exporter/build.py)
+                             # serves every level; each build substitutes its own, see exporter/cpu/build.py)
 ISA_MACRO = "TC_ISA"         # the C macro (a string literal) a library is compiled with: its bundle's isa
 # the CPU flags (as /proc/cpuinfo spells them) each x86-64 level needs: the loader's own table, so that a manifest
 # whose ``requires`` was edited cannot make it load AVX-512 code on a CPU without it (SIGILL). Most capable first.

@@ -89,7 +89,7 @@ def _spec(prog, low, name) -> TensorSpec:
 
 def _peak_bytes(st):
     """Memory a call needs beyond inputs and weights: the planned workspace plus the outputs it returns."""
-    from tcexport.exporter.plan import ITEMSIZE
+    from tcexport.exporter.schedule.memory import ITEMSIZE
 
     prog = st.program
     outputs = sum((prog.buffers[n].numel() * ITEMSIZE[prog.buffers[n].dtype] for n in prog.outputs), 0)
@@ -97,7 +97,7 @@ def _peak_bytes(st):
 
 
 def package(st, model_name: str, embed_onnx: bool = False) -> Package:
-    from tcexport.exporter.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
+    from tcexport.exporter.cpu.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
 
     face = interface(st)
     members = {WEIGHTS_FILE: _weights_bytes(st), KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
@@ -166,7 +166,7 @@ def _cuda(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
 def cuda_launches(st) -> CudaPlan:
     """A graph's launch list in manifest form: each buffer parameter as the input, weight or output it is, or as
     a temp at its offset in the GPU's own memory plan."""
-    from tcexport.exporter.build_cuda import triton_version
+    from tcexport.exporter.cuda.build import triton_version
 
     prog = st.program
     where = {name: ("input", k) for k, name in enumerate(prog.inputs)}

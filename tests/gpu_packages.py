@@ -18,7 +18,7 @@ MODELS = {
     "hf_gpt2": (HERE / "models" / "hf_gpt2.py", [[(1, 1)], [(3, 17)], [(16, 128)]]),
     "hf_bert": (HERE / "models" / "hf_bert.py", [[(1, 1), (1, 1)], [(3, 17), (3, 17)]]),
     "hf_llama": (HERE / "models" / "hf_llama.py", [[(1, 1)], [(3, 17)]]),
-    # split-K (exporter/split_k.py) up to 256 rows = batch 32, the one GEMM from batch 33
+    # split-K (exporter/schedule/split_k.py) up to 256 rows = batch 32, the one GEMM from batch 33
     "long_k": (HERE / "models" / "long_k.py", [[(1, 8, 64)], [(32, 8, 64)], [(33, 8, 64)], [(64, 8, 64)]]),
     # bfloat16 (its own tolerance): persistent GEMMs with TMA loads over 256 rows, tiles up to 256
     "lm_head": (HERE / "models" / "lm_head.py", [[(1, 1, 64)], [(4, 64, 64)], [(5, 60, 64)], [(16, 64, 64)]]),
@@ -27,7 +27,7 @@ BFLOAT16 = {"lm_head"}
 
 
 def build(name: str, folder: Path, targets: str) -> Path:
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     out = Path(folder) / f"{name}.tcpkg"

@@ -25,7 +25,7 @@ def load_module(path: Path):
 @functools.lru_cache(maxsize=None)
 def built(path: str, *dynamic: str) -> Path:
     """Export a model file (as the CLI would) into a package under the session's work dir."""
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     spec = load_model_file(path)

@@ -1,4 +1,4 @@
-"""The lowering rules only backward graphs use (exporter/lower_grad.py), each through a small module exported with
+"""The lowering rules only backward graphs use (exporter/lower/grad.py), each through a small module exported with
 --backward and a dynamic batch: gradients of the parameters and of the input against float64 autograd."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tcexport.exporter import build
+from tcexport.exporter.cpu import build
 
 DESCRIPTOR = b'{"abi":1,"isa":"@isa@","probe":true}'
 SOURCE = ('#include <cstdint>\nextern "C" const char* tc_abi_descriptor(int64_t* size) {\n'

@@ -53,7 +53,7 @@ def test_verify_bfloat16_model(tmp_path):
 def test_verify_half_comparison_rules():
     """16-bit floats: within torch.testing's tolerance of eager, or as close to float64 as eager is; a result
     far from both fails; a dtype without a tolerance (int64) compares exactly."""
-    from tcexport.exporter.verify import _compare
+    from tcexport.exporter.check.verify import _compare
     from tcexport.loader.dtypes import BFLOAT16
 
     def bf16(values):   # float32 -> bfloat16 bits (truncation is exact for these values)

@@ -1,4 +1,4 @@
-"""The GPU backend's own kernel list: attention fused into one flash-attention kernel (exporter/fuse_attention.py),
+"""The GPU backend's own kernel list: attention fused into one flash-attention kernel (exporter/schedule/attention.py),
 and GEMMs with a small-M launch variant. Checked without a GPU: the manifest's launches, and the kernels run in
 Triton's interpreter against eager PyTorch at lengths around the key block (64)."""
 
@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from tcexport.exporter.pipeline import export  # noqa: E402
-from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402
 
@@ -182,7 +182,7 @@ def test_heads_of_a_fused_projection_are_read_in_place_without_divisions():
     """GPT-2's attention reads q, k and v as views of one projection; the K^T view simplifies, knowing each
     coordinate's range, to plain strides: the attention kernel's key load divides only the program's (batch,
     head) index, never per element (fuse.simplify_in_ranges)."""
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
 
     spec = load_model_file(str(MODELS / "hf_gpt2.py"))
     pkg = export(spec.module.to(torch.bfloat16), spec.example_inputs, spec.dynamic_shapes, "cuda:sm_90",

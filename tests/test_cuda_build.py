@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter.build_cuda import cubin_arch  # noqa: E402
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.cuda.build import cubin_arch  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
-from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats.errors import TargetError  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from tcexport.loader.cuda_model import pick_bundle  # noqa: E402
@@ -74,7 +74,7 @@ def test_cubins_for_each_arch_with_cpu_alongside():
 def test_each_arch_gets_kernels_that_fit_its_shared_memory():
     """The tiles' pipelines are as deep as an H100/H200 allows (a 16-bit GEMM of many rows: 5 stages, 120 KB);
     sm_86 (99 KB a block) gets the same kernels with fewer stages, not cubins that would fail to launch."""
-    from tcexport.exporter.build_cuda import shared_limit
+    from tcexport.exporter.cuda.build import shared_limit
 
     x = torch.randn(8, 768).to(torch.bfloat16)
     pkg = export(torch.nn.Linear(768, 768).to(torch.bfloat16), (x,), {"input": {0: ("batch", 1, 2048)}},
@@ -161,7 +161,7 @@ def test_loading_on_cuda_without_a_gpu_is_a_clear_error():
 
 
 def test_verify_runs_a_cuda_only_package_in_the_interpreter_without_a_gpu():
-    from tcexport.exporter.verify import verify
+    from tcexport.exporter.check.verify import verify
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: verify runs there instead")

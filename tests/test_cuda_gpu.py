@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 import tcexport.loader as L  # noqa: E402
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.formats import errors as E  # noqa: E402
 from gpu_packages import BFLOAT16, MODELS as CASES, build  # noqa: E402
 from packages import WORK  # noqa: E402

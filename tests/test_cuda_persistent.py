@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
-from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats import expr as ex  # noqa: E402
 from tcexport.formats.errors import FormatError  # noqa: E402
 from tcexport.formats.manifest import SM_COUNT, _parse_cubin, parse_manifest  # noqa: E402

@@ -1,4 +1,4 @@
-"""Split-K on the GPU backend (exporter/split_k.py): a long-K GEMM with few rows runs as K slices plus a summing
+"""Split-K on the GPU backend (exporter/schedule/split_k.py): a long-K GEMM with few rows runs as K slices plus a summing
 kernel that applies its epilogue. Checked without a GPU: exactly one path runs for every shape, the slices
 build as sm_90 cubins, and Triton's interpreter matches eager on both sides of the row threshold."""
 
@@ -10,11 +10,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter.codegen_triton import SMALL_M  # noqa: E402
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.cuda.codegen import SMALL_M  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
-from tcexport.exporter.split_k import slices  # noqa: E402
-from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.exporter.schedule.split_k import slices  # noqa: E402
+from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats import expr as ex  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402

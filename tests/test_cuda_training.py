@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter.build_cuda import cubin_arch  # noqa: E402
-from tcexport.exporter.triton_interpret import run_training_interpreted  # noqa: E402
+from tcexport.exporter.cuda.build import cubin_arch  # noqa: E402
+from tcexport.exporter.check.interpret import run_training_interpreted  # noqa: E402
 from tcexport.formats.errors import FormatError, TcError  # noqa: E402
 from tcexport.formats.manifest import parse_manifest  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
@@ -83,7 +83,7 @@ def test_cubins_for_every_training_launch(cubin_package):
 
 def test_inference_launches_are_the_inference_only_packages():
     """--backward adds entry points; the inference launch list is what a plain CUDA export packages."""
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
     from training_packages import MODEL_FILES
 

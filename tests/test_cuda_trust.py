@@ -23,7 +23,7 @@ H200_SHARED = 227 * 1024
 
 @functools.lru_cache(maxsize=None)
 def cuda_package():
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     spec = load_model_file(str(EXAMPLES / "mlp.py"))

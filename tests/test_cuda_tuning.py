@@ -15,10 +15,10 @@ import torch
 pytest.importorskip("triton")
 
 from tcexport.exporter import pipeline  # noqa: E402
-from tcexport.exporter.autotune import _canonical, _shape, candidates, families, parse_at, regenerate  # noqa: E402
+from tcexport.exporter.tune.autotune import _canonical, _shape, candidates, families, parse_at, regenerate  # noqa: E402
 from tcexport.exporter.errors import BuildError, ExportError  # noqa: E402
-from tcexport.exporter.model_file import load_model_file  # noqa: E402
-from tcexport.exporter.triton_interpret import run_interpreted  # noqa: E402
+from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats.errors import FormatError  # noqa: E402
 from tcexport.formats.manifest import parse_manifest  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
@@ -85,7 +85,7 @@ def test_every_candidate_keeps_one_code_and_parameter_list_per_family(module_sta
 
 
 def codegen_module(launches):
-    from tcexport.exporter.codegen_triton import TritonModule
+    from tcexport.exporter.cuda.codegen import TritonModule
 
     return TritonModule("", launches)
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tcexport.loader as L
-from tcexport.exporter import dynamic
+from tcexport.exporter.front import dynamic
 from tcexport.exporter.errors import DynamicSpecError, SpecializedDimError
 from tcexport.formats import errors as E
 from packages import MODELS, built, load_module
@@ -158,7 +158,7 @@ def test_divisibility_guard(divisible):
 
 @pytest.mark.slow
 def test_divisibility_is_a_warning_in_the_export():
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     spec = load_model_file(MODELS / "dyn_divisible.py")

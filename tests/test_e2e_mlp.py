@@ -125,7 +125,7 @@ def test_concurrent_calls_match_serial(model):
 
 def test_rebuild_is_byte_identical(tmp_path):
     """Two exports with separate build caches (so the compiler really runs twice) give identical archives."""
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     paths = []

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import tcexport.loader as L
-from tcexport.exporter import dynamic, export
+from tcexport.exporter import export
+from tcexport.exporter.front import dynamic
 from tcexport.exporter.errors import DynamicSpecError, ModelFileError
-from tcexport.exporter.model_file import load_model_file
+from tcexport.exporter.front.model_file import load_model_file
 
 
 class Tiny(torch.nn.Module):
@@ -111,7 +112,9 @@ def test_missing_model_file(tmp_path):
 
 
 def test_ir_prints_and_verifies():
-    from tcexport.exporter import capture, fuse, lower
+    from tcexport.exporter.front import capture
+    from tcexport.exporter.schedule import fuse
+    from tcexport.exporter.lower import core as lower
 
     spec = load_model_file(__import__("packages").EXAMPLES / "mlp.py")
     prog, _ = lower.lower(capture.capture(spec, []))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from packages import EXAMPLES, mlp_package
-from tcexport.exporter import build
+from tcexport.exporter.cpu import build
 from tcexport.exporter.errors import OutputError, output_error
 from tcexport.formats.files import write_atomically
 

@@ -1,4 +1,4 @@
-"""Batch norm folded into the convolution before it, at export (exporter/fold_batchnorm.py).
+"""Batch norm folded into the convolution before it, at export (exporter/front/fold_batchnorm.py).
 
 The pass is checked on the captured program (torch runs the rewritten graph, so a wrong fold shows up as a
 wrong number) and end to end: a CNN with conv1d / conv2d → batch norm → ReLU, with and without conv bias,
@@ -14,8 +14,8 @@ from torch import nn
 
 import tcexport.loader as L
 from tcexport.exporter import export
-from tcexport.exporter.capture import decomposition_table
-from tcexport.exporter.fold_batchnorm import fold_batchnorm, folded_tensors
+from tcexport.exporter.front.capture import decomposition_table
+from tcexport.exporter.front.fold_batchnorm import fold_batchnorm, folded_tensors
 from packages import WORK
 
 aten = torch.ops.aten

@@ -41,7 +41,7 @@ def test_onnx_matches_eager_at_two_shapes(tmp_path, model_file, shapes):
 
 
 def test_onnx_embed_is_recorded_and_deterministic(tmp_path):
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
     from tcexport.loader.archive import open_archive
 

@@ -1,4 +1,4 @@
-"""The generated code's float32 math (exporter/runtime/prelude.h): accuracy against float64, edge values,
+"""The generated code's float32 math (exporter/cpu/runtime/prelude.h): accuracy against float64, edge values,
 and that GCC really vectorises loops calling it (the reason it exists)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from packages import ROOT
 
-PRELUDE = ROOT / "exporter" / "runtime" / "prelude.h"
+PRELUDE = ROOT / "exporter" / "cpu" / "runtime" / "prelude.h"
 FUNCS = ["exp", "log", "erf", "tanh", "sigmoid"]
 WRAPPER = "\n".join(
     f'extern "C" void v_{f}(const float* __restrict__ x, float* __restrict__ y, long n) '
@@ -102,7 +102,7 @@ HALF_WRAPPER = "\n".join(
 def half_lib(request, tmp_path_factory):
     """The conversions built as the exporter builds generated code (its flags) for one ISA level; None for
     the library when this CPU cannot run that level (vectorisation is still checked)."""
-    from tcexport.exporter import build
+    from tcexport.exporter.cpu import build
     from tcexport.loader.native_cpu import cpu_flags
 
     isa = next(i for i in build.ISA_LEVELS if i.name == request.param)
@@ -212,7 +212,7 @@ GEMM_SHAPES = [  # (batch, m, n, k): tiles, panel edges, k past one packed chunk
 @pytest.fixture(scope="module", params=["x86-64-v3", "x86-64-v4"])
 def gemm_lib(request, tmp_path_factory):
     """tc_gemm built as generated code is, with a naive double-accumulating "BLAS" (the path below AVX-512)."""
-    from tcexport.exporter import build
+    from tcexport.exporter.cpu import build
     from tcexport.loader.native_cpu import cpu_flags
 
     isa = next(i for i in build.ISA_LEVELS if i.name == request.param)

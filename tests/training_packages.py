@@ -24,7 +24,7 @@ MODEL_FILES = {"mlp": EXAMPLES / "mlp.py", "cnn": EXAMPLES / "cnn.py", "decoder"
 def training_package(name: str, *grad_inputs: str, targets: str = "cpu", build_cubins: bool = True) -> Path:
     """``MODEL.py --backward [--grad-inputs ...] [--target ...]`` exported into the session's work dir;
     ``build_cubins=False`` keeps only the Triton source of CUDA targets (for the interpreter)."""
-    from tcexport.exporter.model_file import load_model_file
+    from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
     tag = targets.replace(":", "_").replace(",", "_") + ("" if build_cubins else "-source")
@@ -49,7 +49,7 @@ def module(name: str) -> torch.nn.Module:
 def reference_gradients(name: str, inputs: list[np.ndarray], grad_outputs: list[np.ndarray] | None,
                         grad_inputs=()) -> tuple[list[np.ndarray], dict]:
     """Outputs and gradients (parameters by name, then the named inputs) of the model in float64."""
-    from tcexport.exporter.model_file import forward_input_names
+    from tcexport.exporter.front.model_file import forward_input_names
 
     m = copy.deepcopy(module(name)).double()
     tensors = [torch.from_numpy(x).double() if x.dtype.kind == "f" else torch.from_numpy(x) for x in inputs]

@@ -1,5 +1,5 @@
 """A transformer MLP block with a long hidden dim (K = 2048 in its down-projection) over [batch, 8, 64]: at most
-SMALL_M rows take the GPU's split-K path (exporter/split_k.py), more rows the one GEMM."""
+SMALL_M rows take the GPU's split-K path (exporter/schedule/split_k.py), more rows the one GEMM."""
 
 import torch
 from torch import nn

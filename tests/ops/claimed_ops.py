@@ -10,7 +10,7 @@ index arithmetic that never looks at the dtype, so they are not run again in flo
 FLOAT = ("float32", "float64")
 FLOAT_INT = FLOAT + ("int64",)
 FLOAT_INT_BOOL = FLOAT_INT + ("bool",)
-HALF = ("float16", "bfloat16")  # stored in 16 bits, computed in float32 (exporter/ir.py HALF_DTYPES)
+HALF = ("float16", "bfloat16")  # stored in 16 bits, computed in float32 (exporter/ir/loops.py HALF_DTYPES)
 FLOAT_H = FLOAT + HALF
 FLOAT_INT_H = FLOAT_INT + HALF
 FLOAT_INT_BOOL_H = FLOAT_INT_BOOL + HALF

@@ -211,7 +211,7 @@ def native_isa_only():
     tested, at a third of the compile time (the ISA matrix itself is covered by the end-to-end tests)."""
     from unittest import mock
 
-    from tcexport.exporter import build
+    from tcexport.exporter.cpu import build
     from tcexport.loader.native_cpu import cpu_flags
 
     flags = cpu_flags() or set()
@@ -307,7 +307,7 @@ def _run_cuda(model, inputs: list) -> list:
 
 def _interpreted(path):
     """The package's Triton kernels in Triton's CPU interpreter (a process of its own), called like a model."""
-    from tcexport.exporter.triton_interpret import run_interpreted
+    from tcexport.exporter.check.interpret import run_interpreted
 
     def call(*arrays):
         outs = run_interpreted(path, [list(arrays)])[0]

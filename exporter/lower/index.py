@@ -1,0 +1,126 @@
+"""Lowering rules for data-dependent indexing (embedding, index_select, gather, index) and concatenation.
+
+An index read from a tensor becomes a LoadIndirect: the gathered buffer's index uses ``x0, x1, ...`` bound to
+the index values, and the kernel range-checks those dims (an out-of-range index fails the run with a message).
+Negative indices wrap where PyTorch wraps them (``index``); elsewhere they are out of range, as in eager.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from tcexport.exporter.ir import loops as ir
+from tcexport.exporter.lower.core import Lowering, TensorRef, register, torch_dtype_name
+from tcexport.exporter.lower.ops import _idx, _shape
+
+aten = torch.ops.aten
+
+
+def _load_at(ref: TensorRef, out_shape, first_var: int) -> ir.Value:
+    """``ref`` read at output dims ``first_var...``, broadcasting its leading and size-1 dims."""
+    offset = len(out_shape) - len(ref.shape)
+    idx = [sympy.Integer(0) if size == 1 and out_shape[d + offset] != 1 else ir.ivar(first_var + d + offset)
+           for d, size in enumerate(ref.shape)]
+    return ref.load(idx)
+
+
+def _int64(v: ir.Value) -> ir.Value:
+    return v if v.dtype == "int64" else ir.Op("int64", "cast", (v,))
+
+
+def _wrapped(v: ir.Value, size) -> ir.Value:
+    """Python-style negative indices: v < 0 means v + size."""
+    v = _int64(v)
+    neg = ir.Op("bool", "lt", (v, ir.Const("int64", 0)))
+    return ir.Op("int64", "where", (neg, ir.Op("int64", "add", (v, ir.IndexValue("int64", size))), v))
+
+
+def _gather_node(low: Lowering, val, x: TensorRef, index_of_out, sources) -> TensorRef:
+    """out[i...] = x[index_of_out] where ``index_of_out`` (x's view dims) may use xk = sources[k]."""
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    if not x.is_identity():
+        x = low.realize(x)
+    body = ir.LoadIndirect(x.dtype, x.buffer.name, tuple(sympy.sympify(e) for e in index_of_out),
+                           tuple(_int64(s) for s in sources), origin=low.source())
+    return low.pointwise(shape, out, body if body.dtype == out else ir.Op(out, "cast", (body,)))
+
+
+@register(aten.embedding)
+def _embedding(low, node, val, weight, indices, padding_idx=-1, *rest):
+    """out[idx..., j] = weight[indices[idx...], j]."""
+    n = len(indices.shape)
+    src = indices.load(_idx(n))
+    return _gather_node(low, val, weight, (ir.xvar(0), ir.ivar(n)), [src])
+
+
+@register(aten.index_select)
+def _index_select(low, node, val, x, dim, index):
+    dim %= max(len(x.shape), 1)
+    at = (ir.ivar(dim) if len(val.shape) else sympy.Integer(0),)  # a 0-d x gives a 0-d result
+    src = index.load(at) if index.shape else index.load(())
+    pos = [ir.xvar(0) if d == dim else ir.ivar(d) for d in range(len(x.shape))]
+    return _gather_node(low, val, x, pos, [src])
+
+
+@register(aten.gather)
+def _gather(low, node, val, x, dim, index, sparse_grad=False):
+    dim %= max(len(x.shape), 1)
+    src = index.load(_idx(len(index.shape)))
+    pos = [ir.xvar(0) if d == dim else ir.ivar(d) for d in range(len(x.shape))]
+    return _gather_node(low, val, x, pos, [src])
+
+
+@register(aten.index)
+def _index(low, node, val, x, indices):
+    """Advanced indexing with integer index tensors (None keeps a dim). The index tensors broadcast to a
+    shape B; B replaces the indexed dims in place when they are adjacent, else it comes first (NumPy rule)."""
+    indices = list(indices) + [None] * (len(x.shape) - len(indices))
+    used = [d for d, t in enumerate(indices) if t is not None]
+    for d in used:
+        if indices[d].dtype in ("bool", "uint8"):
+            raise NotImplementedError("boolean mask indexing (its result size depends on the data)")
+    out_shape = _shape(low, val)
+    b_rank = max(len(indices[d].shape) for d in used)
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    b_first = used[0] if adjacent else 0
+    b_shape = out_shape[b_first:b_first + b_rank]
+    pos, sources, k = [], [], b_first + b_rank
+    for d in range(len(x.shape)):
+        if indices[d] is None:
+            pos.append(ir.ivar(d if adjacent and d < used[0] else k))
+            k += 0 if adjacent and d < used[0] else 1
+        else:
+            sources.append(_wrapped(_load_at(indices[d], b_shape, b_first), x.shape[d]))
+            pos.append(ir.xvar(len(sources) - 1))
+    return _gather_node(low, val, x, pos, sources)
+
+
+@register(aten.cat)
+def _cat(low, node, val, tensors, dim=0):
+    """A chain of selects on the position along ``dim``; each part is read at a clamped index so the branch
+    not taken never reads outside its buffer."""
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)] or list(tensors[:1])
+    dim %= len(shape)
+    starts, start = [], sympy.Integer(0)
+    for t in parts:
+        starts.append(start)
+        start = start + t.shape[dim]
+    i = ir.ivar(dim)
+    body = None
+    for t, s0 in reversed(list(zip(parts, starts))):
+        local = i - s0
+        if s0 != 0:
+            local = sympy.Max(local, 0)
+        if body is not None:
+            local = sympy.Min(local, t.shape[dim] - 1)
+        idx = [local if d == dim else ir.ivar(d) for d in range(len(shape))]
+        v = t.load(idx)
+        v = v if v.dtype == out else ir.Op(out, "cast", (v,))
+        if body is None:
+            body = v
+        else:
+            cond = ir.Op("bool", "lt", (ir.IndexValue("int64", i), ir.IndexValue("int64", s0 + t.shape[dim])))
+            body = ir.Op(out, "where", (cond, v, body))
+    return low.pointwise(shape, out, body)

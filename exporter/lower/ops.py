@@ -1,0 +1,511 @@
+"""Per-op lowering rules: small registered functions from an op's arguments to IR nodes or views."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from tcexport.exporter.ir import loops as ir
+from tcexport.exporter.front.capture import to_sympy
+from tcexport.exporter.lower.core import Lowering, TensorRef, identity_ref, register, torch_dtype_name
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _shape(low: Lowering, val) -> tuple:
+    return tuple(to_sympy(s, low.cap.rename) for s in val.shape)
+
+
+def _idx(rank: int) -> tuple:
+    return tuple(ir.ivar(k) for k in range(rank))
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype in ir.FLOAT_DTYPES
+
+
+def _value(x, out_shape, dtype: str | None) -> ir.Value:
+    """``x`` (a TensorRef or a Python/sympy scalar) loaded at the output position with broadcasting,
+    cast to ``dtype`` when given."""
+    if isinstance(x, TensorRef):
+        rank, offset = len(out_shape), len(out_shape) - len(x.shape)
+        idx = []
+        for d, size in enumerate(x.shape):
+            idx.append(sympy.Integer(0) if size == 1 and out_shape[d + offset] != 1 else ir.ivar(d + offset))
+        v = x.load(idx) if rank else x.load(())
+        return _cast(v, dtype) if dtype else v
+    if isinstance(x, sympy.Expr) and not x.is_number:
+        v = ir.IndexValue("int64", x)
+        return _cast(v, dtype) if dtype else v
+    if isinstance(x, bool):
+        return ir.Const(dtype or "bool", x)
+    if isinstance(x, (int, float, sympy.Number)):
+        x = float(x) if (dtype and _is_float(dtype)) or isinstance(x, float) else int(x)
+        return ir.Const(dtype or ("float32" if isinstance(x, float) else "int64"), x)
+    raise NotImplementedError(f"unsupported argument {x!r}")
+
+
+def _cast(v: ir.Value, dtype: str) -> ir.Value:
+    return v if v.dtype == dtype else ir.Op(dtype, "cast", (v,))
+
+
+PROMOTION_ORDER = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
+def _promote(*xs) -> str:
+    """Type promotion between operands (tensors win over scalars of the same category; float16 with bfloat16
+    is float32, as in PyTorch)."""
+    tensors = [x.dtype for x in xs if isinstance(x, TensorRef)]
+    best = max(tensors, key=PROMOTION_ORDER.index) if tensors else "float32"
+    if best == "bfloat16" and "float16" in tensors:
+        best = "float32"
+    if any(isinstance(x, float) for x in xs) and not _is_float(best):
+        best = "float32"
+    if any(isinstance(x, int) and not isinstance(x, bool) for x in xs) and best == "bool":
+        best = "int64"
+    return best
+
+
+def _pointwise(low: Lowering, val, op: str, *xs, compute: str | None = None):
+    shape = _shape(low, val)
+    out = torch_dtype_name(val.dtype)
+    compute = compute or out
+    body = ir.Op(compute, op, tuple(_value(x, shape, compute) for x in xs))
+    return low.pointwise(shape, out, _cast(body, out))
+
+
+# --- elementwise ----------------------------------------------------------------------------------------------
+
+UNARY = {
+    "abs": [aten.abs], "neg": [aten.neg, prims.neg], "exp": [aten.exp, prims.exp], "log": [aten.log, prims.log],
+    "sqrt": [aten.sqrt, prims.sqrt], "rsqrt": [aten.rsqrt, prims.rsqrt], "erf": [aten.erf, prims.erf],
+    "tanh": [aten.tanh, prims.tanh], "sin": [aten.sin, prims.sin], "cos": [aten.cos, prims.cos],
+    "sigmoid": [aten.sigmoid], "reciprocal": [aten.reciprocal, prims.reciprocal], "floor": [aten.floor],
+    "ceil": [aten.ceil], "log1p": [aten.log1p], "expm1": [aten.expm1], "exp2": [aten.exp2],
+    "relu": [aten.relu], "logical_not": [aten.logical_not], "sign": [aten.sign], "isnan": [aten.isnan],
+    "trunc": [aten.trunc], "round": [aten.round], "log2": [aten.log2], "tan": [aten.tan], "atan": [aten.atan],
+}
+FLOAT_ONLY = {"exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sin", "cos", "sigmoid", "reciprocal", "log1p",
+              "expm1", "exp2", "log2", "tan", "atan"}
+
+
+def _unary_rule(name):
+    def rule(low, node, val, x, **kw):
+        out = torch_dtype_name(val.dtype)
+        compute = out if name not in ("logical_not", "isnan") else x.dtype
+        if name in ("logical_not",):
+            compute = "bool"
+        return _pointwise(low, val, name, x, compute=compute)
+    return rule
+
+
+for _name, _ops in UNARY.items():
+    register(*_ops)(_unary_rule(_name))
+
+
+@register(aten.bitwise_not)
+def _bitwise_not(low, node, val, x):
+    """``~x``: logical not on bool (``~mask``), two's-complement not on integers."""
+    if torch_dtype_name(val.dtype) == "bool":
+        return _pointwise(low, val, "logical_not", x, compute="bool")
+    return _pointwise(low, val, "bitnot", x)
+
+BINARY = {
+    "add": [aten.add, prims.add], "sub": [aten.sub, prims.sub], "mul": [aten.mul, prims.mul],
+    "maximum": [aten.maximum, prims.maximum], "minimum": [aten.minimum, prims.minimum],
+    "pow": [aten.pow, prims.pow], "fmod": [aten.fmod, prims.fmod], "remainder": [aten.remainder],
+    "atan2": [aten.atan2], "logical_and": [aten.logical_and, aten.bitwise_and],
+    "logical_or": [aten.logical_or, aten.bitwise_or], "logical_xor": [aten.logical_xor, aten.bitwise_xor],
+}
+COMPARE = {"eq": [aten.eq, prims.eq], "ne": [aten.ne, prims.ne], "lt": [aten.lt, prims.lt],
+           "le": [aten.le, prims.le], "gt": [aten.gt, prims.gt], "ge": [aten.ge, prims.ge]}
+
+
+# binary ops whose CPU kernels use a Python scalar operand in the tensor's dtype (so rounded to a 16-bit float);
+# the others (mul, div, clamp, ...) use it unrounded in float32
+SCALAR_IN_DTYPE = {"add", "sub", "pow", "fmod", "remainder"}
+
+
+def _binary_rule(name):
+    def rule(low, node, val, a, b, alpha=1, **kw):
+        if name in SCALAR_IN_DTYPE:
+            a, b = (_as_dtype_scalar(x, torch_dtype_name(val.dtype)) for x in (a, b))
+        if alpha != 1:
+            return _scaled_binary(low, val, name, a, b, alpha)
+        if name == "pow" and isinstance(a, TensorRef) and not isinstance(b, (bool, TensorRef)) \
+                and b in POW_BY_MULTIPLY and torch_dtype_name(val.dtype) != "bool":
+            return _power(low, val, a, int(b))
+        if name.startswith("logical_") and torch_dtype_name(val.dtype) != "bool":
+            return _pointwise(low, val, "bit" + name[len("logical_"):], a, b)  # bitwise ops on integers
+        return _pointwise(low, val, name, a, b, compute="bool" if name.startswith("logical_") else None)
+    return rule
+
+
+POW_BY_MULTIPLY = (1, 2, 3, 4)
+
+
+def _power(low, val, x, n: int):
+    """x ** n for a small integer n as repeated products: what pow computes, at a fraction of the cost, and
+    vectorisable (tanh-GELU's x ** 3, RMSNorm's x ** 2); for integers exactly eager's (wrapping) products, where
+    a float pow loses bits (and Triton has no integer pow)."""
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    v = _value(x, shape, out)
+    acc = v
+    for _ in range(n - 1):
+        acc = ir.Op(out, "mul", (acc, v))
+    return low.pointwise(shape, out, acc)
+
+
+def _scaled_binary(low, val, name, a, b, alpha):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    bv = ir.Op(out, "mul", (_value(b, shape, out), _value(alpha, shape, out)))
+    return low.pointwise(shape, out, ir.Op(out, name, (_value(a, shape, out), bv)))
+
+
+for _name, _ops in BINARY.items():
+    register(*_ops)(_binary_rule(_name))
+
+
+def _compare_rule(name):
+    def rule(low, node, val, a, b):
+        compute = _promote(a, b)
+        return _pointwise(low, val, name, *(_as_dtype_scalar(x, compute) for x in (a, b)), compute=compute)
+    return rule
+
+
+def _as_dtype_scalar(x, dtype: str):
+    """A Python float operand of a 16-bit float op, rounded to that dtype, as PyTorch's comparisons and
+    SCALAR_IN_DTYPE ops take it (they read the scalar converted to the common dtype)."""
+    if dtype not in ir.HALF_DTYPES or not isinstance(x, float):
+        return x
+    return float(torch.tensor(x, dtype=getattr(torch, dtype)).item())
+
+
+for _name, _ops in COMPARE.items():
+    register(*_ops)(_compare_rule(_name))
+
+
+@register(aten.div, prims.div)
+def _div(low, node, val, a, b, rounding_mode=None):
+    out = torch_dtype_name(val.dtype)
+    if rounding_mode is None and _is_float(out):
+        return _pointwise(low, val, "div", a, b)
+    if node.target is prims.div.default and not _is_float(out):
+        return _pointwise(low, val, "truncdiv", a, b)
+    op = {"floor": "floordiv", "trunc": "truncdiv", None: "div"}[rounding_mode]
+    return _pointwise(low, val, op, a, b)
+
+
+@register(aten.where, prims.where)
+def _where(low, node, val, cond, a, b):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, ir.Op(out, "where", (_value(cond, shape, "bool"), _value(a, shape, out),
+                                                          _value(b, shape, out))))
+
+
+@register(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(low, node, val, x, lo=None, hi=None):
+    if node.target is aten.clamp_max.default:
+        lo, hi = None, lo
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    v = _value(x, shape, out)
+    if lo is not None:
+        v = ir.Op(out, "maximum", (v, _value(lo, shape, out)))
+    if hi is not None:
+        v = ir.Op(out, "minimum", (v, _value(hi, shape, out)))
+    return low.pointwise(shape, out, v)
+
+
+@register(prims.convert_element_type, aten._to_copy, aten.clone, aten.alias, aten.lift_fresh_copy,
+          aten.detach, aten.contiguous)
+def _copy(low, node, val, x, dtype=None, **kw):
+    if isinstance(kw.get("device"), torch.device) and kw["device"].type != "cpu":
+        raise NotImplementedError("device transfer")
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    if out == x.dtype and node.target in (aten.alias.default, aten.detach.default):
+        return x
+    return low.pointwise(shape, out, _cast(x.load(_idx(len(shape))), out))
+
+
+# --- views: index arithmetic, no nodes ------------------------------------------------------------------------
+
+
+def _view_of(x: TensorRef, shape, index_of_new) -> TensorRef:
+    """A view whose element at the new position (i...) is x's element at ``index_of_new`` (a tuple of exprs)."""
+    mapping = {ir.ivar(k): sympy.sympify(e) for k, e in enumerate(index_of_new)}
+    return TensorRef(x.buffer, tuple(shape), tuple(sympy.sympify(e).xreplace(mapping) for e in x.index))
+
+
+def _contiguous_strides(shape):
+    out, acc = [], sympy.Integer(1)
+    for s in reversed(shape):
+        out.append(acc)
+        acc = acc * s
+    return list(reversed(out))
+
+
+@register(aten.view, aten._unsafe_view, aten.reshape, prims.reshape)
+def _reshape(low, node, val, x, size=None, *rest):
+    shape = _shape(low, val)
+    if tuple(shape) == tuple(x.shape):
+        return x
+    groups = _reshape_groups(tuple(x.shape), shape)
+    if groups is None:  # sizes that cannot be matched up symbolically: one group over everything
+        groups = [(list(range(len(x.shape))), list(range(len(shape))))]
+    old_index = [sympy.Integer(0)] * len(x.shape)
+    for old_dims, new_dims in groups:
+        new_sizes = [shape[d] for d in new_dims]
+        flat = sum((ir.ivar(d) * s for d, s in zip(new_dims, _contiguous_strides(new_sizes))), sympy.Integer(0))
+        old_sizes = [x.shape[d] for d in old_dims]
+        for k, (d, stride) in enumerate(zip(old_dims, _contiguous_strides(old_sizes))):
+            if x.shape[d] == 1:
+                continue
+            old_index[d] = FloorDiv(flat, stride) if k == 0 else ModularIndexing(flat, stride, x.shape[d])
+    return _view_of(x, shape, old_index)
+
+
+def _divides(a, b) -> bool:
+    """Whether b / a is a whole (polynomial) factor, symbolically."""
+    num, den = sympy.fraction(sympy.cancel(sympy.sympify(b) / a))
+    return den == 1
+
+
+def _reshape_groups(old: tuple, new: tuple):
+    """Pair runs of old dims with runs of new dims of equal total size (as torch's view does), so each new
+    position maps to old positions with division only inside its own run. None when sizes do not line up."""
+    old_live = [d for d, s in enumerate(old) if s != 1]
+    new_live = [d for d, s in enumerate(new) if s != 1]
+    groups, a, b = [], 0, 0
+    while a < len(old_live) and b < len(new_live):
+        og, ng = [old_live[a]], [new_live[b]]
+        po, pn = old[old_live[a]], new[new_live[b]]
+        a, b = a + 1, b + 1
+        while not ir.same_size(po, pn):
+            if _divides(po, pn) and a < len(old_live):
+                og.append(old_live[a])
+                po, a = po * old[old_live[a]], a + 1
+            elif _divides(pn, po) and b < len(new_live):
+                ng.append(new_live[b])
+                pn, b = pn * new[new_live[b]], b + 1
+            else:
+                return None
+        groups.append((og, ng))
+    return groups if a == len(old_live) and b == len(new_live) else None
+
+
+@register(aten.permute, prims.transpose)
+def _permute(low, node, val, x, dims):
+    dims = [d % len(x.shape) for d in dims]
+    inv = [dims.index(k) for k in range(len(dims))]
+    return _view_of(x, [x.shape[d] for d in dims], [ir.ivar(inv[k]) for k in range(len(dims))])
+
+
+@register(aten.t, aten.transpose)
+def _transpose(low, node, val, x, d0=0, d1=1):
+    rank = len(x.shape)
+    if rank < 2:
+        return x
+    perm = list(range(rank))
+    perm[d0 % rank], perm[d1 % rank] = perm[d1 % rank], perm[d0 % rank]
+    return _permute(low, node, val, x, perm)
+
+
+@register(aten.expand)
+def _expand(low, node, val, x, size, **kw):
+    shape = _shape(low, val)
+    off = len(shape) - len(x.shape)
+    return _view_of(x, shape, [sympy.Integer(0) if (s == 1 and shape[d + off] != 1) else ir.ivar(d + off)
+                               for d, s in enumerate(x.shape)])
+
+
+@register(prims.broadcast_in_dim)
+def _broadcast_in_dim(low, node, val, x, shape, broadcast_dims):
+    shape = _shape(low, val)
+    return _view_of(x, shape, [sympy.Integer(0) if (x.shape[k] == 1 and shape[d] != 1) else ir.ivar(d)
+                               for k, d in enumerate(broadcast_dims)])
+
+
+@register(aten.unsqueeze)
+def _unsqueeze(low, node, val, x, dim):
+    rank = len(x.shape) + 1
+    dim %= rank
+    return _view_of(x, _shape(low, val), [ir.ivar(k if k < dim else k + 1) for k in range(rank - 1)])
+
+
+@register(aten.squeeze, prims.squeeze)
+def _squeeze(low, node, val, x, dims=None):
+    shape = _shape(low, val)
+    kept = [d for d in range(len(x.shape)) if not (x.shape[d] == 1 and (dims is None or d in _norm_dims(dims, len(x.shape))))]
+    if len(kept) != len(shape):
+        kept = [d for d in range(len(x.shape)) if x.shape[d] != 1]
+    pos = {d: k for k, d in enumerate(kept)}
+    return _view_of(x, shape, [ir.ivar(pos[d]) if d in pos else sympy.Integer(0) for d in range(len(x.shape))])
+
+
+def _norm_dims(dims, rank):
+    if isinstance(dims, int):
+        dims = [dims]
+    return [d % rank for d in dims] if rank else []
+
+
+@register(aten.slice)
+def _slice(low, node, val, x, dim=0, start=None, end=None, step=1):
+    """x[start:end:step] along ``dim``. The result's length (export's, which already clamps ``end`` to the
+    size, symbolic or not) comes from ``val``; the start is wrapped when negative and clamped to [0, size]."""
+    shape = _shape(low, val)
+    dim %= len(x.shape)
+    size = x.shape[dim]
+    start = sympy.sympify(0 if start is None else start)
+    if start.is_negative:
+        start = sympy.Max(start + size, 0)
+    elif not start.is_nonnegative:  # sign unknown (a symbolic expression): clamp as torch does at run time
+        start = sympy.Max(0, start)
+    if not sympy.expand(size - start).is_nonnegative:
+        start = sympy.Min(start, size)
+    return _view_of(x, shape, [ir.ivar(k) * step + start if k == dim else ir.ivar(k) for k in range(len(shape))])
+
+
+@register(aten.select)
+def _select(low, node, val, x, dim, index):
+    dim %= len(x.shape)
+    if isinstance(index, int) and index < 0:
+        index = x.shape[dim] + index
+    idx = [ir.ivar(k if k < dim else k - 1) for k in range(len(x.shape))]
+    idx[dim] = sympy.sympify(index)
+    return _view_of(x, _shape(low, val), idx)
+
+
+# --- matrix products ------------------------------------------------------------------------------------------
+
+
+def _gemm_operand(low: Lowering, x: TensorRef, batched: bool) -> ir.GemmOperand:
+    index = tuple(x.index) if batched else _shift_ivars(tuple(x.index), +1)
+    return gemm_operand(x.buffer, index, tuple(x.shape), batched)
+
+
+def _shift_ivars(index: tuple, by: int) -> tuple:
+    """Renumber index variables: an unbatched view's (i0, i1) are the operand's (row, col) = (i1, i2)."""
+    moved = {ir.ivar(k): ir.ivar(k + by) for k in range(3) if k + by >= 0}
+    return tuple(sympy.sympify(e).xreplace(moved) for e in index)
+
+
+def gemm_operand(buffer: ir.Buffer, index: tuple, shape: tuple, batched: bool) -> ir.GemmOperand:
+    """A view of ``buffer`` as a GEMM operand (``index`` over (i0, i1, i2) = (batch, row, col), i0 unused when
+    unbatched; ``shape`` is the view's): strided when a BLAS call can take it, else the view's index itself
+    (see ir.GemmOperand). No copy kernel is made; each backend reads the view as it can."""
+    own = index if batched else _shift_ivars(index, -1)
+    op = _strided(TensorRef(buffer, shape, own), batched)
+    if op is None:
+        zero = sympy.Integer(0)
+        op = ir.GemmOperand(buffer.name, zero, zero, zero, zero, index=tuple(index))
+    return op
+
+
+def _strided(x: TensorRef, batched: bool) -> ir.GemmOperand | None:
+    flat = x.buffer.flat_index(x.index)
+    rank = len(x.shape)
+    vars_ = [ir.ivar(k) for k in range(rank)]
+    if flat.atoms(FloorDiv, ModularIndexing, sympy.Max, sympy.Min, sympy.floor, sympy.Mod):
+        return None
+    coeffs = [sympy.expand(flat.diff(v)) for v in vars_]
+    if any(c.free_symbols & set(vars_) for c in coeffs):
+        return None
+    offset = sympy.expand(flat.xreplace({v: 0 for v in vars_}))
+    bs, rs, cs = (coeffs if batched else [sympy.Integer(0)] + coeffs)
+    rows, cols = x.shape[-2], x.shape[-1]
+    if cols == 1 and cs != 1:
+        cs = sympy.Integer(1)
+    if rows == 1 and rs != 1:
+        rs = sympy.Integer(1) if cs != 1 else cols
+    if cs == 1 and rows != 1 and not ir.same_size(rs, cols) and not (sympy.expand(rs - cols).is_nonnegative):
+        return None
+    if cs != 1 and rs != 1:
+        return None
+    if rs == 1 and cs != 1 and not (ir.same_size(cs, rows) or sympy.expand(cs - rows).is_nonnegative):
+        return None
+    return ir.GemmOperand(x.buffer.name, offset, bs, rs, cs)
+
+
+def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+    """a @ b in val's dtype: a GEMM node, for 16-bit floats followed by the rounding cast (see _gemm)."""
+    out = torch_dtype_name(val.dtype)
+    prod = _gemm(low, val, a, b, batched)
+    if prod.dtype == out:
+        return prod
+    return low.pointwise(prod.shape, out, _cast(prod.load(_idx(len(prod.shape))), out))
+
+
+def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+    """A GEMM node computing a @ b, accumulated in float32 for 16-bit float operands (float64 for float64). The
+    operands stay in their own dtype (each backend reads them as it can: Triton's tl.dot natively, the C++
+    backend widens them for sgemm); the product is returned in the accumulation dtype and the caller rounds it
+    once, after any epilogue it adds."""
+    out = torch_dtype_name(val.dtype)
+    compute = ir.compute_dtype(out)
+    if compute not in ("float32", "float64"):
+        raise NotImplementedError(f"matrix product in {out}")
+    shape = _shape(low, val)
+    ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
+    buf = low.new_buffer(compute, shape)
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k, acc_dtype=compute)
+    low.nodes.append(ir.Node(low.fresh("n"), "gemm", buf, gemm=gemm, source=low.source()))
+    return identity_ref(buf)
+
+
+@register(aten.mm)
+def _aten_mm(low, node, val, a, b):
+    return _mm(low, val, a, b, batched=False)
+
+
+@register(aten.bmm)
+def _aten_bmm(low, node, val, a, b):
+    return _mm(low, val, a, b, batched=True)
+
+
+@register(aten.addmm)
+def _addmm(low, node, val, bias, a, b, beta=1, alpha=1):
+    """bias + a @ b as a GEMM and a pointwise add; fusion turns the add into the GEMM's epilogue. For 16-bit
+    floats the add runs on the float32 product and rounds once, like PyTorch's addmm."""
+    prod = _gemm(low, val, a, b, batched=False)
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    acc = prod.dtype
+    p = prod.load(_idx(2))
+    if alpha != 1:
+        p = ir.Op(acc, "mul", (p, _value(alpha, shape, acc)))
+    bv = _value(bias, shape, acc)
+    if beta != 1:
+        bv = ir.Op(acc, "mul", (bv, _value(beta, shape, acc)))
+    return low.pointwise(shape, out, _cast(ir.Op(acc, "add", (p, bv)) if beta != 0 else p, out))
+
+
+@register(aten.scalar_tensor)
+def _scalar_tensor(low, node, val, value, **kw):
+    out = torch_dtype_name(val.dtype)
+    return low.pointwise((), out, _value(value, (), out))
+
+
+@register(aten.full)
+def _full(low, node, val, size, value, **kw):
+    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, _value(value if not isinstance(value, float) or math.isfinite(value)
+                                            else value, shape, out))
+
+
+@register(aten.split_with_sizes, aten.split)
+def _split(low, node, val, x, sizes, dim=0):
+    """A list of slice views; FX's getitem picks one."""
+    dim %= len(x.shape)
+    if isinstance(sizes, (int, sympy.Expr)):
+        n = len(val)
+        sizes = [sizes] * n
+    views, start = [], sympy.Integer(0)
+    for k, size in enumerate(sizes):
+        shape = _shape(low, val[k])
+        views.append(_view_of(x, shape, [ir.ivar(d) + start if d == dim else ir.ivar(d) for d in range(len(shape))]))
+        start = start + size
+    return views

@@ -1,0 +1,132 @@
+"""Attention for the GPU backend: the three kernels of a softmax attention (scores GEMM, row softmax, probabilities
+times values) become one flash-attention kernel, which never writes the scores or the probabilities.
+
+The match is semantic, on kernels fusion already built from the one IR, so it catches SDPA, its causal and masked
+forms, and hand-written ``softmax(q @ k.T * scale + mask) @ v`` alike:
+
+    A: gemm   S[..., m, n] = Q @ K^T, then any pointwise epilogue of S (scale, mask add)
+    B: loops  mx = max_n S;  sm = sum_n exp(S - mx);  P = exp(S - mx) / sm
+    C: gemm   O = P @ V, then any pointwise epilogue (the rounding cast)
+
+S and P must be temporaries with no other reader, and the head dims must be static (they size the tiles). The CPU backend
+keeps the three kernels: its GEMMs are faster than a per-row loop there, and it has no shared memory to win.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from tcexport.exporter.ir import loops as ir
+from tcexport.exporter.schedule.fuse import Kernel
+
+MAX_HEAD_DIM = 256  # q/k/v tiles of up to this many columns stay in registers
+
+
+def fuse_attention(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
+    """``kernels`` with every matching (A, B, C) triple replaced by one ``attention`` kernel at C's position;
+    the input list is left as it is (the C++ backend runs it)."""
+    consumers = prog.consumers()
+    where = {s.node.out.name: k for k in kernels for s in k.stages}
+    fused: dict[int, Kernel] = {}
+    gone: set[int] = set()
+    for a in kernels:
+        match = _match(prog, a, consumers, where)
+        if match is None:
+            continue
+        b, c = match
+        merged = Kernel(a.name.split("_")[0] + "_attention", "attention", c.outer, (),
+                        a.stages + b.stages + c.stages)
+        merged.local = {a.stages[0].node.out.name} | {s.node.out.name for s in b.stages}
+        fused[id(c)] = merged
+        gone |= {id(a), id(b)}
+    return [fused.get(id(k), k) for k in kernels if id(k) not in gone]
+
+
+def _match(prog, a: Kernel, consumers: dict, where: dict) -> tuple[Kernel, Kernel] | None:
+    if a.kind != "gemm":
+        return None
+    qk = a.stages[0].node
+    g1 = qk.gemm
+    s = qk.out
+    if s.kind != "temp" or s.dtype != "float32" or g1.acc_dtype != "float32" or len(s.shape) < 2:
+        return None
+    if not (ir.same_size(s.shape[-1], g1.n) and ir.same_size(s.shape[-2], g1.m)):
+        return None
+    readers = consumers.get(s.name, [])
+    b = where.get(readers[0].out.name) if readers else None
+    if b is None or b.kind != "loops" or len(b.stages) != 3 or not {id(n) for n in readers} <= {id(n) for n in b.nodes}:
+        return None
+    p = _softmax(b, s)
+    if p is None or p.kind != "temp":  # probabilities someone keeps (a training forward's saved activation)
+        return None
+    pv_readers = consumers.get(p.name, [])
+    if len(pv_readers) != 1 or pv_readers[0].kind != "gemm":
+        return None
+    c = where[pv_readers[0].out.name]
+    g2 = c.stages[0].node.gemm
+    rows, cols = s.shape[-2], s.shape[-1]
+    reads_p = (g2.a.buffer == p.name and g2.a.index is None and g2.b.buffer != p.name
+               and all(ir.same_size(x, y) for x, y in ((g2.a.offset, 0), (g2.a.batch_stride, rows * cols),
+                                                       (g2.a.row_stride, cols), (g2.a.col_stride, 1))))
+    if not reads_p or not all(ir.same_size(x, y) for x, y in ((g2.m, g1.m), (g2.k, g1.n), (g2.batch, g1.batch))):
+        return None
+    if g2.acc_dtype != "float32" or not all(_small_static(d) for d in (g1.k, g2.n)):
+        return None
+    return b, c
+
+
+def _small_static(e) -> bool:
+    e = sympy.sympify(e)
+    return e.is_Integer and 0 < int(e) <= MAX_HEAD_DIM
+
+
+def scores(k: Kernel) -> tuple[ir.Value, ir.Load]:
+    """For an attention kernel: the softmax's input as a value over P's index variables (the scores, with any
+    pointwise step the softmax applied to them, such as a causal mask fused there), and the Load of S in it,
+    which the kernel binds to the scores GEMM's result."""
+    s = k.stages[0].node.out
+    mx_node, p_node = k.stages[1].node, k.stages[3].node
+    rank = len(p_node.out.shape)
+    value = ir.subs_index(mx_node.body, {ir.rvar(0): ir.ivar(rank - 1)})
+    (load,) = {x for x in ir.loads(value) if x.buffer == s.name}
+    return value, load
+
+
+def _softmax(b: Kernel, s: ir.Buffer) -> ir.Buffer | None:
+    """P when ``b`` is exactly the row softmax, over the last dim, of a pointwise function of ``s`` that reads
+    each element of ``s`` at P's own position (``s`` may drop P's size-1 dims), else None."""
+    mx_node, sm_node, p_node = b.nodes
+    if [st.level for st in b.stages] != ["reduce", "reduce", "inner"] or \
+            not {mx_node.out.name, sm_node.out.name} <= b.local:
+        return None
+    if not (mx_node.reduce_op == "max" and sm_node.reduce_op == "sum" and p_node.kind == "pointwise"):
+        return None
+    shape = tuple(p_node.out.shape)
+    rank = len(shape)
+    if rank < 2 or p_node.out.dtype != "float32" or len(mx_node.reduce_ranges) != 1 or \
+            not ir.same_size(mx_node.reduce_ranges[0], shape[-1]) or tuple(mx_node.out.shape) != shape[:-1] + (1,):
+        return None
+    if not (ir.same_size(ir.product(shape), s.numel()) and ir.same_size(shape[-1], s.shape[-1])
+            and ir.same_size(shape[-2], s.shape[-2])):
+        return None
+    row = tuple(ir.ivar(d) for d in range(rank - 1))
+    mx = ir.Load("float32", mx_node.out.name, row + (0,))
+    sm = ir.Load("float32", sm_node.out.name, row + (0,))
+    e_r = mx_node.body
+    e_i = ir.subs_index(e_r, {ir.rvar(0): ir.ivar(rank - 1)})
+    if e_r.dtype != "float32" or sm_node.body != ir.Op("float32", "exp", (ir.Op("float32", "sub", (e_r, mx)),)) \
+            or p_node.body != ir.Op("float32", "div", (ir.Op("float32", "exp", (ir.Op("float32", "sub", (e_i, mx)),)), sm)):
+        return None
+    reads = ir.reads(e_i)
+    if reads & {mx_node.out.name, sm_node.out.name, p_node.out.name} or any(
+            isinstance(x, ir.LoadIndirect) and x.buffer == s.name for x in ir.walk(e_i)):
+        return None
+    s_loads = {x for x in ir.loads(e_i) if x.buffer == s.name}
+    if len(s_loads) != 1:
+        return None
+    ones = {ir.ivar(d): 0 for d in range(rank) if shape[d] == 1}
+    here = p_node.out.flat_index(tuple(ir.ivar(d) for d in range(rank)))
+    at = s.flat_index(next(iter(s_loads)).index)
+    if not ir.same_size(sympy.sympify(here).xreplace(ones), sympy.sympify(at).xreplace(ones)):
+        return None
+    return p_node.out

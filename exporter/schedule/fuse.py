@@ -1,0 +1,470 @@
+"""Fusion: loop IR nodes → kernels.
+
+Generic passes, in order (after merging duplicate nodes and folding copies into the GEMM operands they feed):
+  1. epilogues: a pointwise node that is the only reader of a GEMM's output, element for element, becomes the
+     GEMM's epilogue (bias, activation, residual, the rounding cast of a 16-bit float product); chains follow.
+  2. inlining: a pointwise node is substituted into its readers' bodies unless it must exist in memory (a graph
+     output, a GEMM operand) or inlining would recompute it per broadcast element (which a small function of the
+     indices alone is, outside GEMM epilogues).
+  3. grouping: nodes that iterate the same rows join one loop kernel — reductions over the same inner range,
+     per-row scalars, and elementwise work over the row — when every value they read from the kernel itself is
+     the one computed in the same row. Softmax and layer norm become one kernel each this way.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from dataclasses import dataclass, field
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from tcexport.exporter.ir import loops as ir
+
+EXPENSIVE_OPS = {"exp", "log", "erf", "tanh", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos", "div",
+                 "log1p", "expm1", "atan2", "exp2", "log2", "tan", "atan"}
+
+
+@dataclass
+class Stage:
+    node: ir.Node
+    level: str  # "reduce": inner loop accumulating; "row": once per outer point; "inner": inner loop storing
+    var_map: dict  # node index variable -> kernel index expression
+
+
+@dataclass
+class Kernel:
+    name: str
+    kind: str  # "loops" | "gemm"
+    outer: tuple
+    inner: tuple
+    stages: list = field(default_factory=list)
+    local: set = field(default_factory=set)  # buffers held in registers, never stored
+    when: object = None    # GPU only: a 0/1 expression of the symbols; the kernel runs where it is 1 (split_k.py)
+    small_m: bool = False  # GPU only: a GEMM that only ever sees at most SMALL_M rows (split_k.py's slices)
+
+    @property
+    def nodes(self):
+        return [s.node for s in self.stages]
+
+    def writes(self) -> list[str]:
+        return [s.node.out.name for s in self.stages if s.node.out.name not in self.local]
+
+    def __str__(self):
+        head = f"{self.name} [{self.kind}] outer={list(self.outer)} inner={list(self.inner)}"
+        if self.local:
+            head += f" registers={sorted(self.local)}"
+        return "\n".join([head] + [f"    {s.level:6} {s.node}" for s in self.stages])
+
+
+def ovar(k):
+    return sympy.Symbol(f"o{k}", integer=True, nonnegative=True)
+
+
+def qvar(k):
+    return sympy.Symbol(f"q{k}", integer=True, nonnegative=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 0: common nodes (decompositions often compute the same reduction twice, e.g. var_mean's mean)
+
+
+def _key(n: ir.Node):
+    if n.kind == "gemm" or n.out.kind == "output":
+        return None
+    vm = _var_map(n, len(n.ranges), "row")  # size-1 dims vanish, so [b, 1] and [b] compare equal
+    return (n.kind, n.out.dtype, tuple(map(sympy.expand, ir.squeeze(n.ranges))), n.reduce_op,
+            tuple(map(sympy.expand, n.reduce_ranges)), ir.subs_index(n.body, vm))
+
+
+def _reindex(index: tuple, src: ir.Buffer, dst: ir.Buffer) -> tuple:
+    """An index into ``src`` as the same element of ``dst``, two buffers equal up to size-1 dims."""
+    live = [e for e, size in zip(index, src.shape) if size != 1]
+    out = []
+    for size in dst.shape:
+        out.append(sympy.Integer(0) if size == 1 else live.pop(0))
+    return tuple(out)
+
+
+def merge_common_nodes(prog: ir.Program) -> None:
+    seen: dict = {}
+    for n in list(prog.nodes):
+        key = _key(n)
+        if key is None:
+            continue
+        first = seen.setdefault(key, n)
+        if first is n:
+            continue
+        old, new = n.out, first.out
+        same_shape = tuple(old.shape) == tuple(new.shape)
+        if not same_shape and (_read_indirectly(prog, old.name) or _gemm_operand_of(prog, old.name)):
+            continue
+        for r in prog.nodes:
+            if r.body is not None:
+                r.body = ir.rename_buffer(r.body, old.name, new.name,
+                                          None if same_shape else lambda index: _reindex(index, old, new))
+            for operand in (r.gemm.a, r.gemm.b) if r.gemm is not None else ():
+                if operand.buffer == old.name:
+                    operand.buffer = new.name
+        prog.nodes.remove(n)
+        del prog.buffers[old.name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 1: GEMM epilogues
+
+
+def _gemm_operand_of(prog: ir.Program, buf: str) -> bool:
+    return any(n.gemm is not None and buf in (n.gemm.a.buffer, n.gemm.b.buffer) for n in prog.nodes)
+
+
+def _read_indirectly(prog: ir.Program, buf: str, nodes=None) -> bool:
+    return any(ld.buffer == buf for n in (nodes if nodes is not None else prog.nodes) if n.body is not None
+               for ld in ir.indirect_loads(n.body))
+
+
+def _same_element_loads(p: ir.Node, buf: ir.Buffer) -> bool:
+    """Every read of ``buf`` in p's body is the element at p's own storage position (same flat offset)."""
+    here = p.out.flat_index(tuple(ir.ivar(k) for k in range(len(p.ranges))))
+    return all(sympy.expand(buf.flat_index(ld.index) - here) == 0 for ld in ir.loads(p.body) if ld.buffer == buf.name) \
+        and not any(ld.buffer == buf.name for ld in ir.indirect_loads(p.body))
+
+
+def absorb_epilogues(prog: ir.Program) -> None:
+    changed = True
+    while changed:
+        changed = False
+        consumers = prog.consumers()
+        for g in [n for n in prog.nodes if n.kind == "gemm"]:
+            readers = consumers.get(g.out.name, [])
+            if g.out.kind == "output" or len(readers) != 1:
+                continue
+            p = readers[0]
+            acc = g.gemm.acc_dtype
+            if p.kind != "pointwise" or (p.out.dtype != g.out.dtype and g.out.dtype != acc) \
+                    or not ir.same_size(ir.product(p.ranges), ir.product(g.ranges)) \
+                    or not _same_element_loads(p, g.out) or p.out.name in (g.gemm.a.buffer, g.gemm.b.buffer):
+                continue
+            # p reads the GEMM's result element for element (possibly through a contiguous reshape), so the
+            # GEMM can store straight into p's buffer; the epilogue iterates p's shape.
+            ident = tuple(ir.ivar(k) for k in range(len(p.ranges)))
+            here = ir.Load(acc, p.out.name, ident)  # the accumulated product (see ir.Gemm)
+            result = here
+            if g.body is not None:  # the earlier epilogue, moved into p's index space through p's own read
+                at = next(ld.index for ld in ir.loads(p.body) if ld.buffer == g.out.name)
+                moved = ir.subs_index(g.body, {ir.ivar(k): e for k, e in enumerate(at)})
+                result = ir.map_values(moved, lambda v: here if isinstance(v, ir.Load) and v.buffer == g.out.name
+                                       else v)
+            body = ir.map_values(p.body, lambda v: result if isinstance(v, ir.Load) and v.buffer == g.out.name
+                                 else v)
+            g.body = None if body == here and p.out.dtype == acc else body
+            del prog.buffers[g.out.name]
+            g.out = p.out
+            prog.nodes.remove(g)
+            prog.nodes[prog.nodes.index(p)] = g
+            changed = True
+            break
+
+
+def _grouped(coords: list, extents: list, shape: tuple) -> tuple | None:
+    """When ``shape`` is ``extents`` with each extent split into consecutive dims (a contiguous reshape: [4b, s,
+    16] of [b, 4, s, 16]), each dim's index as a div/mod of its coordinate; None when it is not."""
+    index, d = [], 0
+    for x, ext in zip(coords, extents):
+        group, size = [], sympy.Integer(1)
+        while d < len(shape) and not ir.same_size(size, ext):
+            group.append(shape[d])
+            size = sympy.expand(size * shape[d])
+            d += 1
+        while d < len(shape) and shape[d] == 1:  # trailing size-1 dims belong to any group
+            group.append(shape[d])
+            d += 1
+        if not ir.same_size(size, ext):
+            return None
+        inner = sympy.Integer(1)
+        parts = []
+        for k in range(len(group) - 1, -1, -1):
+            q = x if inner == 1 else FloorDiv(x, inner)
+            parts.append(sympy.Integer(0) if group[k] == 1 else (q if k == 0 else ModularIndexing(x, inner, group[k])))
+            inner = inner * group[k]
+        index += parts[::-1]
+    return tuple(index) if d == len(shape) else None
+
+
+def _operand_index(op: ir.GemmOperand, buf: ir.Buffer, batched: bool, extents: list) -> tuple:
+    """The index into ``buf`` of operand element (b, row, col) (ivars 0..2; (row, col) unbatched)."""
+    if op.index is not None:
+        return op.index
+    b, r, c = ir.ivar(0), ir.ivar(1), ir.ivar(2)  # see ir.GemmOperand
+    contiguous = [sympy.expand(s) for s in (op.offset, op.batch_stride, op.row_stride, op.col_stride)] == \
+        [0, sympy.expand(extents[-2] * extents[-1]) if batched else 0, sympy.expand(extents[-1]), 1]
+    if contiguous:
+        grouped = _grouped([b, r, c] if batched else [r, c], extents, tuple(buf.shape))
+        if grouped is not None:
+            return grouped
+    flat = sympy.expand(op.offset + b * op.batch_stride + r * op.row_stride + c * op.col_stride)
+    index, strides = [], buf.strides()
+    for d, (size, stride) in enumerate(zip(buf.shape, strides)):
+        index.append(FloorDiv(flat, stride) if d == 0 else ModularIndexing(flat, stride, size))
+    return tuple(index)
+
+
+@functools.lru_cache(maxsize=1)
+def _sizevars():
+    from torch._inductor.sizevars import SizeVarAllocator
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return SizeVarAllocator(ShapeEnv())
+
+
+def simplify_in_ranges(e, ranges: dict) -> sympy.Expr:
+    """``e`` simplified knowing each variable v of ``ranges`` lies in [0, ranges[v]): a view of a view's
+    div/mod chains collapse (``(d + 32*n) // 32 % seq`` is ``n`` when d < 32 and n < seq), which saves integer
+    divisions in every GPU load of the operand. Inductor's range simplifier does the algebra."""
+    e = sympy.sympify(e)
+    if not e.has(FloorDiv, ModularIndexing):
+        return e
+    used = {v: r for v, r in ranges.items() if v in e.free_symbols}
+    return sympy.expand(_sizevars().simplify_with_ranges(e, used)) if used else e
+
+
+def _copied(p: ir.Node, acc: str) -> ir.Load | None:
+    """The load a node only copies: ``p.body`` is a Load of p's dtype, or the exact widening of a 16-bit float
+    to the GEMM's float32 accumulation (a GEMM reading the 16-bit values does the same arithmetic)."""
+    body = p.body
+    if isinstance(body, ir.Op) and body.op == "cast" and p.out.dtype == acc == "float32" \
+            and isinstance(body.args[0], ir.Load) and body.args[0].dtype in ir.HALF_DTYPES:
+        return body.args[0]
+    if isinstance(body, ir.Load) and body.dtype == p.out.dtype and body.buffer != p.out.name:
+        return body
+    return None
+
+
+def fold_copies_into_operands(prog: ir.Program) -> None:
+    """A GEMM operand produced by a node that only copies (a permute or reshape made contiguous: the heads of
+    a fused QKV projection, attention's output going back to [tokens, features]) is read through the copy:
+    the operand becomes a view of the copy's source, and the copy disappears once nothing else needs it."""
+    from tcexport.exporter.lower.ops import gemm_operand
+
+    producers = prog.producers()
+    for g in [n for n in prog.nodes if n.kind == "gemm"]:
+        batched = g.gemm.batch != 1
+        for side, rows, cols in [("a", g.gemm.m, g.gemm.k)] * 4 + [("b", g.gemm.k, g.gemm.n)] * 4:  # chains
+            op = getattr(g.gemm, side)
+            p = producers.get(op.buffer)
+            load = _copied(p, g.gemm.acc_dtype) if p is not None and p.kind == "pointwise" else None
+            if load is None:
+                continue
+            shape = ((g.gemm.batch,) if batched else ()) + (rows, cols)
+            at = _operand_index(op, p.out, batched, list(shape))
+            src = prog.buffers[load.buffer]
+            moved = {ir.ivar(k): e for k, e in enumerate(at)}
+            ranges = {ir.ivar(0): g.gemm.batch, ir.ivar(1): rows, ir.ivar(2): cols}
+            index = tuple(simplify_in_ranges(ir.simplify_index(sympy.sympify(e).xreplace(moved)), ranges)
+                          for e in load.index)
+            setattr(g.gemm, side, gemm_operand(src, index, shape, batched))
+    eliminate_unread(prog)
+
+
+def eliminate_unread(prog: ir.Program) -> None:
+    """Drop temps nothing reads any more (copies folded away), last to first so chains go too."""
+    changed = True
+    while changed:
+        changed = False
+        readers = prog.consumers()
+        for n in reversed(prog.nodes):
+            if n.out.kind == "temp" and not readers.get(n.out.name):
+                prog.nodes.remove(n)
+                del prog.buffers[n.out.name]
+                changed = True
+                break
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 2: inlining
+
+
+def _iterations(n: ir.Node) -> sympy.Expr:
+    return ir.product(n.ranges) * ir.product(n.reduce_ranges)
+
+
+def _cheap(body: ir.Value) -> bool:
+    ops = [v for v in ir.walk(body) if isinstance(v, ir.Op)]
+    return len(ops) <= 1 and not any(v.op in EXPENSIVE_OPS for v in ops)
+
+
+INDEX_ONLY_OPS = 24  # most operations an index-only node may have to be recomputed wherever it is read
+
+
+def _index_only(body: ir.Value) -> bool:
+    """A value of the indices and constants alone (no load), small and cheap: recomputing it per element costs
+    a few integer operations, where keeping it costs a kernel launch and a round trip through memory. GPT-2's
+    mask preparation is a chain of these (position ids, their differences, the sequence starts): four launches."""
+    values = list(ir.walk(body))
+    ops = [v for v in values if isinstance(v, ir.Op)]
+    return not any(isinstance(v, (ir.Load, ir.LoadIndirect)) for v in values) and len(ops) <= INDEX_ONLY_OPS \
+        and not any(v.op in EXPENSIVE_OPS for v in ops)
+
+
+def inline_pointwise(prog: ir.Program) -> None:
+    for p in list(prog.nodes):
+        if p.kind != "pointwise" or p.out.kind == "output":
+            continue
+        readers = prog.consumers().get(p.out.name, [])
+        if not readers:
+            continue
+        if any(r.kind == "gemm" and p.out.name in (r.gemm.a.buffer, r.gemm.b.buffer) for r in readers):
+            continue
+        if _read_indirectly(prog, p.out.name, readers):
+            continue
+        recompute = _index_only(p.body) and not any(r.kind == "gemm" for r in readers)
+        if not _cheap(p.body) and not recompute and \
+                not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
+            continue
+        for r in readers:
+            r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
+                                                                            enumerate(v.index)})
+                                   if isinstance(v, ir.Load) and v.buffer == p.out.name else v)
+        prog.nodes.remove(p)
+        del prog.buffers[p.out.name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pass 3: grouping into kernels
+
+
+def _var_map(node: ir.Node, outer_len: int, level: str) -> dict:
+    """Map the node's index variables onto the kernel's loop variables (size-1 dims map to 0)."""
+    mapping, k = {}, 0
+    for d, size in enumerate(node.ranges):
+        if size == 1:
+            mapping[ir.ivar(d)] = sympy.Integer(0)
+        else:
+            mapping[ir.ivar(d)] = ovar(k) if k < outer_len else qvar(k - outer_len)
+            k += 1
+    r = 0
+    for d, size in enumerate(node.reduce_ranges):
+        mapping[ir.rvar(d)] = sympy.Integer(0) if size == 1 else qvar(r)
+        r += 0 if size == 1 else 1
+    return mapping
+
+
+def _same_ranges(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(ir.same_size(x, y) for x, y in zip(a, b))
+
+
+def _fit(node: ir.Node, k: Kernel) -> str | None:
+    """The level at which ``node`` can run inside kernel ``k``, or None."""
+    rng = ir.squeeze(node.ranges)
+    if node.kind == "reduction":
+        red = ir.squeeze(node.reduce_ranges)
+        if _same_ranges(rng, k.outer) and (not k.inner and k.kind == "loops" or _same_ranges(red, k.inner)):
+            return "reduce"
+        return None
+    if node.kind != "pointwise" or k.kind != "loops":
+        return None
+    if _same_ranges(rng, k.outer):
+        return "row"
+    if k.inner and _same_ranges(rng, k.outer + k.inner):
+        return "inner"
+    return None
+
+
+def _stored_at(stage: Stage) -> tuple:
+    return tuple(sympy.expand(stage.var_map[ir.ivar(d)]) for d in range(len(stage.node.ranges)))
+
+
+def _legal(node: ir.Node, level: str, k: Kernel, k_index: int, produced_by: dict) -> bool:
+    """Every buffer the node reads comes from an earlier kernel, or from ``k`` at this same row/element."""
+    vm = _var_map(node, len(k.outer), level)
+    members = {s.node.out.name: s for s in k.stages}
+    for b in node.inputs():
+        owner = produced_by.get(b)
+        if owner is None or owner < k_index:
+            continue
+        if owner > k_index or b not in members:
+            return False
+        src = members[b]
+        if any(ld.buffer == b for ld in ir.indirect_loads(node.body)):
+            return False  # an indirect read may land on any row: the buffer must be complete
+        if src.level == "inner" and level != "inner" and level != "reduce":
+            return False
+        want = _stored_at(src)
+        for ld in ir.loads(node.body):
+            if ld.buffer == b and tuple(sympy.expand(sympy.sympify(e).xreplace(vm)) for e in ld.index) != want:
+                return False
+    return True
+
+
+def group(prog: ir.Program) -> list[Kernel]:
+    kernels: list[Kernel] = []
+    produced_by: dict[str, int] = {}
+    for node in prog.nodes:
+        placed = False
+        if node.kind != "gemm":
+            for ki in range(len(kernels) - 1, -1, -1):
+                k = kernels[ki]
+                level = _fit(node, k)
+                if level and _legal(node, level, k, ki, produced_by):
+                    if level == "reduce" and not k.inner:
+                        k.inner = ir.squeeze(node.reduce_ranges)
+                    k.stages.append(Stage(node, level, _var_map(node, len(k.outer), level)))
+                    produced_by[node.out.name] = ki
+                    placed = True
+                    break
+        if not placed:
+            kernels.append(_new_kernel(node, len(kernels)))
+            produced_by[node.out.name] = len(kernels) - 1
+    _mark_locals(prog, kernels)
+    for i, k in enumerate(kernels):
+        k.name = f"k{i}_{_describe(k)}"
+    return kernels
+
+
+def _new_kernel(node: ir.Node, index: int) -> Kernel:
+    if node.kind == "gemm":
+        k = Kernel("", "gemm", tuple(node.ranges), ())
+        k.stages.append(Stage(node, "gemm", {}))
+        return k
+    outer = ir.squeeze(node.ranges)
+    inner = ir.squeeze(node.reduce_ranges) if node.kind == "reduction" else ()
+    k = Kernel("", "loops", outer, inner)
+    level = "reduce" if node.kind == "reduction" else "row"
+    k.stages.append(Stage(node, level, _var_map(node, len(outer), level)))
+    return k
+
+
+def _mark_locals(prog: ir.Program, kernels: list[Kernel]) -> None:
+    consumers = prog.consumers()
+    for k in kernels:
+        mine = set(k.nodes and [n.out.name for n in k.nodes])
+        for s in k.stages:
+            name = s.node.out.name
+            if s.level in ("reduce", "row") and k.inner and s.node.out.kind != "output":
+                if all(c.out.name in mine for c in consumers.get(name, [])):
+                    k.local.add(name)
+
+
+def _describe(k: Kernel) -> str:
+    if k.kind == "gemm":
+        return "gemm_epilogue" if k.stages[0].node.body is not None else "gemm"
+    kinds = [s.node.reduce_op for s in k.stages if s.level == "reduce"]
+    return ("reduce_" + "_".join(dict.fromkeys(kinds))) if kinds else "pointwise"
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def fuse(prog: ir.Program) -> list[Kernel]:
+    merge_common_nodes(prog)
+    prog.verify()
+    fold_copies_into_operands(prog)
+    prog.verify()
+    absorb_epilogues(prog)
+    prog.verify()
+    inline_pointwise(prog)
+    prog.verify()
+    absorb_epilogues(prog)  # inlining can leave a GEMM output with one reader (x + 0.044715 * x**3 -> GELU)
+    prog.verify()
+    return group(prog)
