@@ -131,7 +131,7 @@ def stage_codegen(st: State) -> str:
     st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
     extra = tuple((entry, g.program, g.kernels, g.memory) for entry, g in st.train_states.items())
     from tcexport.formats.abi import ISA_PLACEHOLDER, descriptor
-    from tcexport.packager.package import interface
+    from tcexport.exporter.package.interface import interface
 
     st.descriptor = descriptor(interface(st), ISA_PLACEHOLDER)
     st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra, st.descriptor)
@@ -290,7 +290,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     example inputs, or at each of ``autotune_at`` ("batch=8" strings); ``tuning`` (a .tcpkg path, or its
     manifest's ``cuda.tuning``) builds with a recorded tuning instead of the heuristics, no GPU needed.
     """
-    from tcexport.packager.package import package
+    from tcexport.exporter.package.build import package
 
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)

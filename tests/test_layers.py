@@ -42,7 +42,6 @@ KNOWN: set[str] = {
     'cycle: exporter.pipeline -> exporter.tune.autotune',
     'cycle: formats -> formats.manifest -> formats.training',
     'cycle: loader -> loader.cuda_model -> loader.cuda_training -> loader.model -> loader.training',
-    'cycle: packager.package -> packager.training',
     'exporter.cuda.build -> exporter.cpu.build',
     'exporter.cuda.codegen -> exporter.cpu.codegen',
     'exporter.front.autograd -> exporter.lower',
@@ -50,12 +49,6 @@ KNOWN: set[str] = {
     'exporter.front.relations -> exporter.lower.core',
     'exporter.pipeline -> exporter.tune.autotune',
     'exporter.schedule.split_k -> exporter.cuda.codegen',
-    'packager.exprs -> sympy',
-    'packager.exprs -> torch',
-    'packager.package -> exporter.cpu.build',
-    'packager.package -> exporter.cuda.build',
-    'packager.package -> exporter.schedule.memory',
-    'packager.package -> torch',
 }
 
 

@@ -119,7 +119,7 @@ class Bench:
         from tcexport.loader.archive import open_archive
         from tcexport.loader.cuda_model import CudaModel
         from tcexport.loader.native_cuda import Device
-        from tcexport.packager.package import package
+        from tcexport.exporter.package.build import package
         from tcexport.exporter.cuda import build as build_cuda
 
         self.torch = torch
@@ -144,7 +144,7 @@ class Bench:
         """Loader kernels running ``cubin`` (a family's representative) with each member's own parameters and
         the grid its regenerated launch has."""
         from tcexport.loader.cuda_model import _Kernel
-        from tcexport.packager.exprs import to_expr
+        from tcexport.exporter.package.exprs import to_expr
 
         old = [self.model._kernels[i] for i in indexes]
         for k in old:

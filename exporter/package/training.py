@@ -10,6 +10,8 @@ from tcexport.formats.abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY
 from tcexport.formats.manifest import TensorSpec
 from tcexport.formats.training import GraphCuda, Training, TrainingGraph
 
+from . import members as names
+from .cuda import cubin_members, cuda_launches
 from .exprs import to_expr
 
 
@@ -57,10 +59,8 @@ def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None
 def _cuda(entry: str, g, members: dict) -> GraphCuda:
     """``g``'s launch list (made as the inference one is, over its own inputs, weights and outputs), with its
     Triton source under ``src/cuda/training/`` and its cubins under ``kernels/cuda-sm_XX/<entry>/``."""
-    from .package import cubin_members, cuda_launches
-
     plan = cuda_launches(g)
-    source = f"src/cuda/training/{entry}.py"
+    source = names.training_source(entry)
     members[source] = g.triton.source.encode()
     cubins = {f"sm_{arch}": files for arch, files in cubin_members(g, members, f"{entry}/").items()}
     return GraphCuda(source, g.triton.index_bits, plan.workspace_bytes, plan.launches, cubins)

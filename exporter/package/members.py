@@ -1,0 +1,25 @@
+"""Where each generated member lives in a `.tcpkg` archive (formats/SPEC.md lists them)."""
+
+from __future__ import annotations
+
+WEIGHTS_FILE = "weights.safetensors"
+CPP_SOURCE = "src/cpu/model.cpp"
+TRITON_SOURCE = "src/cuda/model_triton.py"
+KERNELS_TEXT = "src/kernels.txt"
+ONNX_FILE = "model.onnx"
+
+
+def cpu_library(isa: str) -> str:
+    """The member of the CPU library built for ``isa``."""
+    return f"kernels/cpu-{isa}.so"
+
+
+def cubin(arch: int, folder: str, kernel: str) -> str:
+    """The member of ``kernel``'s cubin for ``sm_<arch>``; ``folder`` ("" or "<entry>/") keeps training graphs'
+    kernel names apart from the inference graph's."""
+    return f"kernels/cuda-sm_{arch}/{folder}{kernel}.cubin"
+
+
+def training_source(entry: str) -> str:
+    """The member of a training graph's Triton source."""
+    return f"src/cuda/training/{entry}.py"
