@@ -1,11 +1,15 @@
-"""The pipeline as a visible list of named stages; each can be dumped for debugging (``--dump DIR``).
+"""The pipeline: per-target lists of named stages over typed results, each stage's output dumpable (``--dump DIR``).
 
-    capture → (autograd) → lower → fuse → plan → codegen (C++ / Triton) → build (.so / cubins) → package
+    front:    capture → (autograd)                                  Job → Captured graphs
+    graphs:   lower → fuse → plan            (on every graph)       Captured → loop IR → kernels → memory plan
+    cpu:      codegen_cpp → build_cpp        (one library)          kernels → C++ → one .so per ISA level
+    cuda:     schedule_cuda → codegen_triton → build_cuda  (on every graph)
+                                                                    kernels → GPU kernels and plan → Triton → cubins
+    package:  the manifest and member bytes (exporter/package/), written by packager/
 
-A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++. With
-``--backward`` the autograd stage adds a training forward and a backward graph (``State.train_states``); lower,
-fuse and plan then run on each graph in turn, the C++ holds one entry point per graph, and for CUDA targets each
-training graph gets its own Triton module and cubins.
+A stage whose target is not requested is not in the list: ``--target cuda:sm_90`` alone builds no C++. With
+``--backward`` the autograd stage adds the training ``forward`` and ``backward`` graphs next to ``inference``;
+every per-graph stage then runs on each of them, and their dumps hold one ``== name ==`` section per graph.
 """
 
 from __future__ import annotations
@@ -17,203 +21,260 @@ from typing import Callable
 
 import torch
 
-from tcexport.exporter.cpu import build as build_mod
-from tcexport.exporter.front import capture as capture_mod
-from tcexport.exporter.cpu import codegen as codegen_cpp
-from tcexport.exporter.cuda import codegen as codegen_triton
-from tcexport.exporter.schedule import fuse as fuse_mod
-from tcexport.exporter.lower import core as lower_mod
-from tcexport.exporter.schedule import memory as plan_mod
 from tcexport.exporter.errors import ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
+from tcexport.exporter.options import CudaOptions
 
 TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
+INFERENCE = "inference"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to build, fixed before the first stage runs: the model and every option that changes the bytes."""
+
+    spec: ModelSpec
+    dynamic: tuple = ()                   # the CLI's --dynamic strings
+    targets: tuple = ("cpu",)             # parse_targets' form: "cpu", "cuda:sm_90", ...
+    cache_dir: Path | None = None         # the kernel cache (None: TCEXPORT_CACHE or ~/.cache/tcexport)
+    backward: bool = False                # also package a training forward and backward
+    grad_inputs: tuple = ()               # inputs whose gradients the backward returns
+    build_cubins: bool = True             # False: Triton source only (runs in the interpreter)
+    tuning: dict | None = None            # the manifest's cuda.tuning to build with (None: the heuristics)
+    cuda_options: CudaOptions = field(default_factory=CudaOptions)
+    onnx: bool = False                    # also export the model to ONNX
+
+    @property
+    def cpu(self) -> bool:
+        return "cpu" in self.targets
+
+    @property
+    def archs(self) -> list[int]:
+        return cuda_archs(self.targets)
 
 
 @dataclass
-class State:
-    """Everything the stages produce, in order; a stage reads earlier fields and fills its own."""
+class CudaGraph:
+    """A graph's GPU schedule and what is built from it: its own kernel list (attention fused, split-K GEMMs)
+    and memory plan, then the Triton module and each arch's cubins in launch order."""
 
-    spec: ModelSpec
-    dynamic: list
-    targets: tuple
-    cache_dir: Path | None = None
-    captured: object = None
-    program: object = None
-    lowering: object = None
-    kernels: list = field(default_factory=list)
-    memory: object = None
-    blas: list = field(default_factory=list)
-    cpp: str = ""
-    descriptor: bytes = b""                           # the interface compiled into the library (formats/abi.py)
-    libraries: dict = field(default_factory=dict)
-    triton: object = None                             # codegen_triton.TritonModule
-    cuda_kernels: list = field(default_factory=list)  # the GPU's kernel list (attention fused: fuse_attention.py)
-    cuda_memory: object = None                        # its memory plan (no scores or probabilities)
-    cubins: dict = field(default_factory=dict)        # arch -> [build_cuda.Cubin] in launch order
-    build_cubins: bool = True                         # False: Triton source only (runs in the interpreter)
+    kernels: list
+    memory: object                        # schedule.memory.MemoryPlan
+    module: object = None                 # cuda.codegen.TritonModule
+    cubins: dict = field(default_factory=dict)
+
+
+@dataclass
+class Graph:
+    """One graph of the package as it goes through the stages: ``inference``, or the training ``forward`` and
+    ``backward`` (named by their library entries). Each field is set by one stage."""
+
+    name: str
+    captured: object                      # front.capture.Captured                  (capture, autograd)
+    program: object = None                # ir.loops.Program                         (lower; fuse drops weights)
+    lowering: object = None               # lower.core.Lowering: weight values, names (lower)
+    kernels: list = field(default_factory=list)  # schedule.fuse.Kernel, in order    (fuse)
+    memory: object = None                 # schedule.memory.MemoryPlan               (plan)
+    cuda: CudaGraph | None = None         #                                          (schedule_cuda and after)
+
+
+@dataclass
+class CpuLibrary:
+    """The one C++ library every graph's entry point lives in."""
+
+    blas: tuple                           # BLAS routines the kernels call
+    descriptor: bytes                     # the interface compiled into it (formats/abi.py)
+    source: str
+    binaries: dict = field(default_factory=dict)  # ISA level -> .so bytes
+
+
+@dataclass
+class Results:
+    """Everything the stages produced, typed; the package stage reads it."""
+
+    job: Job
+    graphs: dict = field(default_factory=dict)   # name -> Graph; inference first
+    training: object = None                      # front.autograd.TrainingGraphs (autograd)
+    cpu: CpuLibrary | None = None                # (codegen_cpp, build_cpp)
+    onnx: tuple | None = None                    # (bytes, opset)                 (onnx)
     timings: dict = field(default_factory=dict)
-    output_is_single: bool = True
-    onnx: tuple | None = None  # (bytes, opset) when --onnx asked for it
-    backward: bool = False                            # --backward: also package a training forward and backward
-    grad_inputs: tuple = ()                           # inputs whose gradients the backward returns
-    training: object = None                           # autograd.TrainingGraphs
-    train_states: dict = field(default_factory=dict)  # entry name -> the State of that training graph
-    lower_fn: Callable | None = None                  # lowering of this graph (None: lower.lower)
-    tuning: dict | None = None                        # manifest cuda.tuning: configs chosen by --autotune
-    autotune_at: list | None = None                   # --autotune: the shapes to measure at (None: no tuning)
+
+    @property
+    def inference(self) -> Graph:
+        return self.graphs[INFERENCE]
 
 
-def stage_capture(st: State) -> str:
+# ---- front ----
+
+def stage_capture(r: Results) -> str:
+    from tcexport.exporter.front import capture
+
     # a training package shares its weights between every graph, so no graph may fold them
-    st.captured = capture_mod.capture(st.spec, st.dynamic, fold=not st.backward)
-    st.output_is_single = st.captured.program.call_spec.out_spec.is_leaf()
-    return st.captured.program.graph_module.print_readable(print_output=False) + "\n" + \
-        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in st.captured.symbols.items())
+    captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward)
+    r.graphs[INFERENCE] = Graph(INFERENCE, captured)
+    return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
+        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items())
 
 
-def stage_autograd(st: State) -> str:
+def stage_autograd(r: Results) -> str:
     from tcexport.exporter.front import autograd
-    from tcexport.exporter.lower import training as autograd_lower
 
-    st.training = autograd.capture_training(st.spec, st.captured, st.grad_inputs)
-    st.train_states = {entry: State(st.spec, st.dynamic, st.targets, st.cache_dir, captured=captured,
-                                    lower_fn=autograd_lower.lower_training)
-                       for entry, captured in autograd.entries(st.training)}
-    return autograd.describe(st.training)
+    r.training = autograd.capture_training(r.job.spec, r.inference.captured, r.job.grad_inputs)
+    for entry, captured in autograd.entries(r.training):
+        r.graphs[entry] = Graph(entry, captured)
+    return autograd.describe(r.training)
 
 
-def _each_graph(st: State, stage: Callable[[State], str]) -> str:
-    """Run a per-graph stage on the inference graph, then on each training graph (dumped under its entry)."""
-    texts = [stage(st)] + [f"== {entry} ==\n{stage(g)}" for entry, g in st.train_states.items()]
+# ---- graphs: run on every graph ----
+
+def _each_graph(r: Results, stage: Callable[[Results, Graph], str]) -> str:
+    """A per-graph stage over every graph; the dump has the inference graph's text, then one section per other."""
+    texts = [stage(r, g) if g.name == INFERENCE else f"== {g.name} ==\n{stage(r, g)}" for g in r.graphs.values()]
     return "\n\n".join(texts)
 
 
-def _lower(st: State) -> str:
-    st.program, st.lowering = (st.lower_fn or lower_mod.lower)(st.captured)
-    st.program.verify()
-    return str(st.program)
+def _lower(r: Results, g: Graph) -> str:
+    from tcexport.exporter.lower import core, training
+
+    lower = core.lower if g.name == INFERENCE else training.lower_training
+    g.program, g.lowering = lower(g.captured)
+    g.program.verify()
+    return str(g.program)
 
 
-def _fuse(st: State) -> str:
-    st.kernels = fuse_mod.fuse(st.program)
-    used = {b for k in st.kernels for s in k.stages for b in s.node.inputs()}
-    st.program.weights = [w for w in st.program.weights if w in used]
-    st.program.verify()
-    return str(st.program) + "\n\nkernels:\n" + "\n".join(str(k) for k in st.kernels)
+def _fuse(r: Results, g: Graph) -> str:
+    from tcexport.exporter.schedule import fuse
+
+    g.kernels = fuse.fuse(g.program)
+    used = {b for k in g.kernels for s in k.stages for b in s.node.inputs()}
+    g.program.weights = [w for w in g.program.weights if w in used]
+    g.program.verify()
+    return str(g.program) + "\n\nkernels:\n" + "\n".join(str(k) for k in g.kernels)
 
 
-def _plan(st: State) -> str:
-    st.memory = plan_mod.plan_memory(st.program, st.kernels)
-    return str(st.memory)
+def _plan(r: Results, g: Graph) -> str:
+    from tcexport.exporter.schedule import memory
+
+    g.memory = memory.plan_memory(g.program, g.kernels)
+    return str(g.memory)
 
 
-def stage_lower(st: State) -> str:
-    return _each_graph(st, _lower)
+def stage_lower(r: Results) -> str:
+    return _each_graph(r, _lower)
 
 
-def stage_fuse(st: State) -> str:
-    return _each_graph(st, _fuse)
+def stage_fuse(r: Results) -> str:
+    return _each_graph(r, _fuse)
 
 
-def stage_plan(st: State) -> str:
-    text = _each_graph(st, _plan)
-    if st.train_states:
+def stage_plan(r: Results) -> str:
+    text = _each_graph(r, _plan)
+    if r.training is not None:
         from tcexport.exporter.lower.training import share_weights
 
-        share_weights(st, list(st.train_states.values()))
+        share_weights(r.inference, [g for g in r.graphs.values() if g.name != INFERENCE])
     return text
 
 
-def stage_codegen(st: State) -> str:
-    graphs = [st] + list(st.train_states.values())
-    dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
-    st.blas = [r for r, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes]
-    extra = tuple((entry, g.program, g.kernels, g.memory) for entry, g in st.train_states.items())
-    from tcexport.formats.abi import ISA_PLACEHOLDER, descriptor
+# ---- cpu: one library for every graph ----
+
+def stage_codegen_cpp(r: Results) -> str:
+    from tcexport.exporter.cpu import codegen
     from tcexport.exporter.package.interface import interface
+    from tcexport.formats.abi import ISA_PLACEHOLDER, descriptor
 
-    st.descriptor = descriptor(interface(st), ISA_PLACEHOLDER)
-    st.cpp = codegen_cpp.generate(st.program, st.kernels, st.memory, st.blas, extra, st.descriptor)
-    return st.cpp
-
-
-def stage_build(st: State) -> str:
-    st.libraries = build_mod.build_all(st.cpp, cache_dir=st.cache_dir, descriptor=st.descriptor)
-    return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in st.libraries.items())
-
-
-def stage_codegen_triton(st: State) -> str:
-    from tcexport.exporter.schedule.attention import fuse_attention
-    from tcexport.exporter.schedule.split_k import split_k
-
-    st.cuda_kernels = split_k(st.program, fuse_attention(st.program, st.kernels))
-    st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
-    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, (st.tuning or {}).get("configs"))
-    return st.triton.source
+    graphs = list(r.graphs.values())
+    dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
+    blas = tuple(routine for routine, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes)
+    face = descriptor(interface(r, blas), ISA_PLACEHOLDER)
+    main = r.inference
+    extra = tuple((g.name, g.program, g.kernels, g.memory) for g in graphs[1:])
+    r.cpu = CpuLibrary(blas, face, codegen.generate(main.program, main.kernels, main.memory, list(blas), extra, face))
+    return r.cpu.source
 
 
-def stage_autotune(st: State) -> str:
-    """Measure candidate tiles on this machine's GPU (autotune.py) and regenerate the module with the winners."""
-    from tcexport.exporter.tune.autotune import autotune
+def stage_build_cpp(r: Results) -> str:
+    from tcexport.exporter.cpu import build
 
-    st.tuning, report = autotune(st, st.autotune_at)
-    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, st.tuning["configs"])
-    return report
+    r.cpu.binaries = build.build_all(r.cpu.source, cache_dir=r.job.cache_dir, descriptor=r.cpu.descriptor)
+    return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in r.cpu.binaries.items())
 
 
-def stage_build_cuda(st: State) -> str:
-    from tcexport.exporter.cuda import build as build_cuda
+# ---- cuda: on every graph ----
 
-    st.cubins = build_cuda.build_cubins(st.triton, cuda_archs(st.targets),
-                                        st.cache_dir or build_mod.default_cache_dir())
-    lines = [launch.describe() for launch in st.triton.launches]
-    for arch, cubins in st.cubins.items():
+def _schedule_cuda(r: Results, g: Graph) -> str:
+    from tcexport.exporter.schedule import attention, memory, split_k
+
+    kernels = split_k.split_k(g.program, attention.fuse_attention(g.program, g.kernels))
+    g.cuda = CudaGraph(kernels, memory.plan_memory(g.program, kernels))
+    return "\n".join(str(k) for k in kernels) + "\n\n" + str(g.cuda.memory)
+
+
+def _codegen_triton(r: Results, g: Graph) -> str:
+    from tcexport.exporter.cuda import codegen
+
+    # a tuning names the inference graph's launches; training graphs build with the heuristics
+    configs = (r.job.tuning or {}).get("configs") if g.name == INFERENCE else None
+    g.cuda.module = codegen.generate(g.program, g.cuda.kernels, configs)
+    return g.cuda.module.source
+
+
+def _build_cuda(r: Results, g: Graph) -> str:
+    from tcexport.exporter.cpu.build import default_cache_dir
+    from tcexport.exporter.cuda import build
+
+    g.cuda.cubins = build.build_cubins(g.cuda.module, r.job.archs, r.job.cache_dir or default_cache_dir())
+    lines = [launch.describe() for launch in g.cuda.module.launches]
+    for arch, cubins in g.cuda.cubins.items():
         lines += [f"sm_{arch} {c.kernel}: {len(c.data)} bytes, shared {c.shared}, warps {c.num_warps}"
                   for c in cubins]
     return "\n".join(lines)
 
 
-def stage_codegen_triton_train(st: State) -> str:
-    """Each training graph's own Triton module (its kernels, launch list and index width), as for inference."""
-    return "\n\n".join(f"== {entry} ==\n{stage_codegen_triton(g)}" for entry, g in st.train_states.items())
+def stage_schedule_cuda(r: Results) -> str:
+    return _each_graph(r, _schedule_cuda)
 
 
-def stage_build_cuda_train(st: State) -> str:
-    return "\n\n".join(f"== {entry} ==\n{stage_build_cuda(g)}" for entry, g in st.train_states.items())
+def stage_codegen_triton(r: Results) -> str:
+    return _each_graph(r, _codegen_triton)
 
 
-def _cpu(st: State) -> bool:
-    return "cpu" in st.targets
+def stage_build_cuda(r: Results) -> str:
+    return _each_graph(r, _build_cuda)
 
 
-def _cuda(st: State) -> bool:
-    return bool(cuda_archs(st.targets))
-
-
-# (name, stage, dump file, runs when)
-STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] = [
-    ("capture", stage_capture, "graph.txt", lambda st: True),
-    ("autograd", stage_autograd, "graph_train.txt", lambda st: st.backward),
-    ("lower", stage_lower, "ir.txt", lambda st: True),
-    ("fuse", stage_fuse, "kernels.txt", lambda st: True),
-    ("plan", stage_plan, "plan.txt", lambda st: True),
-    ("codegen", stage_codegen, "model.cpp", _cpu),
-    ("build", stage_build, "build.txt", _cpu),
-    ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
-    ("autotune", stage_autotune, "autotune.txt", lambda st: _cuda(st) and st.autotune_at is not None),
-    ("build_cuda", stage_build_cuda, "build_cuda.txt", lambda st: _cuda(st) and st.build_cubins),
-    ("codegen_triton_train", stage_codegen_triton_train, "model_triton_train.py", lambda st: _cuda(st) and st.backward),
-    ("build_cuda_train", stage_build_cuda_train, "build_cuda_train.txt",
-     lambda st: _cuda(st) and st.backward and st.build_cubins),
-]
-
-
-def stage_onnx(st: State) -> str:
+def stage_onnx(r: Results) -> str:
     from tcexport.exporter.check.onnx import export_onnx_bytes
 
-    st.onnx = export_onnx_bytes(st.spec, st.captured.dynamic_shapes)
-    return f"ONNX opset {st.onnx[1]}, {len(st.onnx[0])} bytes"
+    r.onnx = export_onnx_bytes(r.job.spec, r.inference.captured.dynamic_shapes)
+    return f"ONNX opset {r.onnx[1]}, {len(r.onnx[0])} bytes"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Results], str]
+    dump: str                             # file name under --dump
+    when: Callable[[Job], bool] = lambda job: True
+
+
+FRONT = [Stage("capture", stage_capture, "graph.txt"),
+         Stage("autograd", stage_autograd, "graph_train.txt", lambda job: job.backward)]
+GRAPHS = [Stage("lower", stage_lower, "ir.txt"),
+          Stage("fuse", stage_fuse, "kernels.txt"),
+          Stage("plan", stage_plan, "plan.txt")]
+CPU = [Stage("codegen_cpp", stage_codegen_cpp, "model.cpp"),
+       Stage("build_cpp", stage_build_cpp, "build.txt")]
+CUDA = [Stage("schedule_cuda", stage_schedule_cuda, "cuda_kernels.txt"),
+        Stage("codegen_triton", stage_codegen_triton, "model_triton.py"),
+        Stage("build_cuda", stage_build_cuda, "build_cuda.txt", lambda job: job.build_cubins)]
+CHECKS = [Stage("onnx", stage_onnx, "onnx.txt", lambda job: job.onnx)]
+
+
+def stages(job: Job) -> list[Stage]:
+    """The stages this job runs, in order."""
+    listed = FRONT + GRAPHS + (CPU if job.cpu else []) + (CUDA if job.archs else []) + CHECKS
+    return [s for s in listed if s.when(job)]
 
 
 def _write_dump(path: Path, text: str) -> None:
@@ -223,24 +284,23 @@ def _write_dump(path: Path, text: str) -> None:
         raise output_error("the --dump folder", path.parent, e, "pass another folder to --dump") from e
 
 
-def run_stages(st: State, dump: Path | None = None, on_stage: Callable[[str, float], None] | None = None,
-               onnx: bool = False) -> State:
+def run_stages(job: Job, dump: Path | None = None,
+               on_stage: Callable[[str, float], None] | None = None) -> Results:
     if dump is not None:
         try:
             dump.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise output_error("the --dump folder", dump, e, "pass another folder to --dump") from e
-    for name, fn, dump_name, when in STAGES + ([("onnx", stage_onnx, "onnx.txt", lambda st: True)] if onnx else []):
-        if not when(st):
-            continue
+    r = Results(job)
+    for stage in stages(job):
         t0 = time.perf_counter()
-        text = fn(st)
-        st.timings[name] = time.perf_counter() - t0
+        text = stage.run(r)
+        r.timings[stage.name] = time.perf_counter() - t0
         if dump is not None:
-            _write_dump(dump / dump_name, text)
+            _write_dump(dump / stage.dump, text)
         if on_stage is not None:
-            on_stage(name, st.timings[name])
-    return st
+            on_stage(stage.name, r.timings[stage.name])
+    return r
 
 
 def parse_targets(targets) -> tuple:
@@ -272,11 +332,28 @@ def cuda_archs(targets) -> list[int]:
     return [int(t.split("_")[1]) for t in targets if t.startswith("cuda:")]
 
 
+def make_job(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
+             dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
+             build_cubins: bool = True, tuning=None, cuda_options: CudaOptions | None = None,
+             onnx: bool = False) -> Job:
+    """The Job for ``export``'s arguments, every option checked before any stage runs."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
+                     input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
+    job = Job(spec, tuple(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None, backward,
+              tuple(grad_inputs), build_cubins, read_tuning(tuning), cuda_options or CudaOptions(), onnx)
+    if job.tuning is not None and not job.archs:
+        raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
+    return job
+
+
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
-           autotune: bool = False, autotune_at=(), tuning=None):
+           tuning=None, cuda_options: CudaOptions | None = None, autotune: bool = False, autotune_at=()):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -286,39 +363,24 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
     interpreter (exporter/check/interpret.py), which is how tests check many kernels quickly.
-    ``autotune=True`` measures GEMM and attention tiles on this machine's GPU (exporter/tune/autotune.py) at the
-    example inputs, or at each of ``autotune_at`` ("batch=8" strings); ``tuning`` (a .tcpkg path, or its
-    manifest's ``cuda.tuning``) builds with a recorded tuning instead of the heuristics, no GPU needed.
+    ``tuning`` (a .tcpkg path, or its manifest's ``cuda.tuning``) builds with a recorded tuning instead of the
+    heuristics, no GPU needed; ``cuda_options`` (exporter/options.py) sets how CUDA kernels are generated.
     """
     from tcexport.exporter.package.build import package
 
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
-    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
-                     input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
-    st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
-               backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
-    st.tuning = read_tuning(tuning)
-    if st.tuning is not None and not cuda_archs(st.targets):
-        raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
-    if st.tuning is not None and autotune:
-        raise ExportError("--tuning builds with a recorded tuning and --autotune makes a new one; pass one of them")
-    if autotune_at and not autotune:
-        raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
-    if autotune:
-        from tcexport.exporter.tune.autotune import parse_at, require_gpu
-
-        require_gpu(st.targets)
-        st.autotune_at = parse_at(autotune_at)
+    if autotune or autotune_at:
+        raise ExportError("WIP: --autotune moves to exporter/tune")
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
-    run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)
+    job = make_job(model, example_inputs, dynamic_shapes, targets, dynamic=dynamic, cache_dir=cache_dir,
+                   source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=build_cubins,
+                   tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None)
+    results = run_stages(job, Path(dump) if dump else None, on_stage)
     t0 = time.perf_counter()
-    pkg = package(st, name or type(model).__name__, embed_onnx=onnx == "embed")
-    st.timings["package"] = time.perf_counter() - t0
+    pkg = package(results, name or type(model).__name__, embed_onnx=onnx == "embed")
+    results.timings["package"] = pkg.timings["package"] = time.perf_counter() - t0
     if on_stage is not None:
-        on_stage("package", st.timings["package"])
+        on_stage("package", results.timings["package"])
     return pkg
 
 

@@ -39,7 +39,6 @@ HEAVY = {"torch", "triton", "sympy"}
 KNOWN: set[str] = {
     'cycle: exporter.front.autograd -> exporter.front.autograd_graphs',
     'cycle: exporter.front.capture -> exporter.front.relations -> exporter.lower.conv -> exporter.lower.core -> exporter.lower.create -> exporter.lower.index -> exporter.lower.layout -> exporter.lower.ops -> exporter.lower.reduce',
-    'cycle: exporter.pipeline -> exporter.tune.autotune',
     'cycle: formats -> formats.manifest -> formats.training',
     'cycle: loader -> loader.cuda_model -> loader.cuda_training -> loader.model -> loader.training',
     'exporter.cuda.build -> exporter.cpu.build',
@@ -47,7 +46,6 @@ KNOWN: set[str] = {
     'exporter.front.autograd -> exporter.lower',
     'exporter.front.autograd -> exporter.lower.grad',
     'exporter.front.relations -> exporter.lower.core',
-    'exporter.pipeline -> exporter.tune.autotune',
     'exporter.schedule.split_k -> exporter.cuda.codegen',
 }
 

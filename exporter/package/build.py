@@ -26,74 +26,74 @@ from .weights import weights_bytes
 TCEXPORT_VERSION = "0.1.0"
 
 
-def package(st, model_name: str, embed_onnx: bool = False) -> Package:
-    """The package of the pipeline's results ``st``, named ``model_name``; ``embed_onnx`` stores the ONNX export
+def package(r, model_name: str, embed_onnx: bool = False) -> Package:
+    """The package of the pipeline's results ``r`` (pipeline.Results), named ``model_name``; ``embed_onnx`` stores the ONNX export
     in the archive too. Raises FormatError if the manifest's interface differs from the compiled-in one."""
-    face = interface(st)
-    members = {names.WEIGHTS_FILE: weights_bytes(st),
-               names.KERNELS_TEXT: "\n\n".join(str(k) for k in st.kernels).encode() + b"\n"}
+    g, cpu = r.inference, r.cpu
+    face = interface(r, cpu.blas if cpu else ())
+    members = {names.WEIGHTS_FILE: weights_bytes(g),
+               names.KERNELS_TEXT: "\n\n".join(str(k) for k in g.kernels).encode() + b"\n"}
     sources = [names.KERNELS_TEXT]
-    if st.cpp:
-        members[names.CPP_SOURCE] = st.cpp.encode()
+    if cpu:
+        members[names.CPP_SOURCE] = cpu.source.encode()
         sources.insert(0, names.CPP_SOURCE)
-    bundles = _cpu_bundles(st, members)
+    bundles = _cpu_bundles(cpu, members) if cpu else []
     cuda = None
-    if st.triton is not None:
-        members[names.TRITON_SOURCE] = st.triton.source.encode()
+    if g.cuda is not None:
+        members[names.TRITON_SOURCE] = g.cuda.module.source.encode()
         sources.append(names.TRITON_SOURCE)
-        cuda, cuda_bundles = cuda_section(st, members)
+        cuda, cuda_bundles = cuda_section(g, r.job.tuning, members)
         bundles = cuda_bundles + bundles
     onnx = None
-    if embed_onnx and st.onnx is not None:
-        members[names.ONNX_FILE] = st.onnx[0]
-        onnx = {"file": names.ONNX_FILE, "opset": st.onnx[1]}
-    training, training_sources = training_section(st, face.outputs, members)
+    if embed_onnx and r.onnx is not None:
+        members[names.ONNX_FILE] = r.onnx[0]
+        onnx = {"file": names.ONNX_FILE, "opset": r.onnx[1]}
+    training, training_sources = training_section(r, face.outputs, members)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
                   "python": platform.python_version(),
-                  **({"cxx": compiler_version(compiler())} if st.cpp else {})},
+                  **({"cxx": compiler_version(compiler())} if cpu else {})},
         model=model_name,
         symbols=face.symbols,
         inputs=face.inputs,
         outputs=face.outputs,
         output_structure=face.output_structure,
-        guards=guards(st.captured.guards),
+        guards=guards(g.captured.guards),
         weights_file=names.WEIGHTS_FILE,
         weights=face.weights,
         kernels=tuple(bundles),
         workspace_bytes=face.workspace_bytes,
-        plan={"kernels": [k.name for k in st.kernels],
-              "workspace_bytes_without_reuse": to_expr(st.memory.naive_bytes),
-              "peak_bytes": to_expr(_peak_bytes(st))},
+        plan={"kernels": [k.name for k in g.kernels],
+              "workspace_bytes_without_reuse": to_expr(g.memory.naive_bytes),
+              "peak_bytes": to_expr(_peak_bytes(g))},
         sources=tuple(sources + training_sources),
         onnx=onnx,
         cuda=cuda,
         training=training,
     )
-    if st.cpp and st.descriptor != descriptor(Interface.of_manifest(manifest, tuple(st.blas)), ISA_PLACEHOLDER):
+    if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
                           "tcexport bug; please report it with the model)")
-    return Package(manifest, members, dict(st.timings), st.onnx[0] if st.onnx else None,
-                   tuple(st.captured.notes))
+    return Package(manifest, members, dict(r.timings), r.onnx[0] if r.onnx else None, tuple(g.captured.notes))
 
 
-def _cpu_bundles(st, members: dict) -> list[KernelBundle]:
+def _cpu_bundles(cpu, members: dict) -> list[KernelBundle]:
     """One bundle per CPU ISA level built, fastest first (ISA_LEVELS' order), its library added to ``members``."""
     bundles = []
     for isa in ISA_LEVELS:
-        if isa.name not in st.libraries:
+        if isa.name not in cpu.binaries:
             continue
         path = names.cpu_library(isa.name)
-        members[path] = st.libraries[isa.name]
+        members[path] = cpu.binaries[isa.name]
         bundles.append(KernelBundle(target="cpu", isa=isa.name, requires=tuple(isa.requires), file=path,
                                     abi=CPU_ABI_VERSION, entry=CPU_ENTRY, libraries=tuple(LIBRARIES),
-                                    blas=tuple(st.blas)))
+                                    blas=cpu.blas))
     return bundles
 
 
-def _peak_bytes(st):
+def _peak_bytes(g):
     """Memory a call needs beyond inputs and weights: the planned workspace plus the outputs it returns."""
-    prog = st.program
+    prog = g.program
     outputs = sum((prog.buffers[n].numel() * ITEMSIZE[prog.buffers[n].dtype] for n in prog.outputs), 0)
-    return st.memory.workspace_bytes + outputs
+    return g.memory.workspace_bytes + outputs

@@ -11,42 +11,42 @@ from . import members as names
 from .exprs import to_expr
 
 
-def cuda_section(st, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
+def cuda_section(g, tuning: dict | None, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
     """The inference graph's launch list (shared by every arch) and one bundle of cubins per arch."""
     bundles = [KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(), file=names.TRITON_SOURCE,
                             abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",), blas=(), cubins=files)
-               for arch, files in cubin_members(st, members, "").items()]
-    return cuda_launches(st), bundles
+               for arch, files in cubin_members(g, members, "").items()]
+    return cuda_launches(g, tuning), bundles
 
 
-def cuda_launches(st) -> CudaPlan:
+def cuda_launches(g, tuning: dict | None = None) -> CudaPlan:
     """A graph's launch list in manifest form: each buffer parameter as the input, weight or output it is, or as
-    a temp at its offset in the GPU's own memory plan."""
-    prog = st.program
+    a temp at its offset in the GPU's own memory plan; ``tuning`` is recorded with it."""
+    prog, cuda = g.program, g.cuda
     where = {name: ("input", k) for k, name in enumerate(prog.inputs)}
     where |= {name: ("weight", k) for k, name in enumerate(prog.weights)}
     where |= {name: ("output", k) for k, name in enumerate(prog.outputs)}
     launches = []
-    for launch in st.triton.launches:
+    for launch in cuda.module.launches:
         params = []
         for kind, value in launch.params:
             param = {"kind": kind, "value": value if kind != "error" else 0}
             if kind == "buffer":
-                kind, index = where.get(value) or ("temp", to_expr(st.cuda_memory.offsets[value]))
+                kind, index = where.get(value) or ("temp", to_expr(cuda.memory.offsets[value]))
                 param = {"kind": kind, "value": index}
                 if kind == "temp":
                     param["dtype"] = prog.buffers[value].dtype
             params.append(param)
         launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
                                dict(launch.constexprs), launch.num_warps, launch.num_stages, launch.index_bits))
-    return CudaPlan(triton_version(), st.triton.index_bits, tuple(launches),
-                    to_expr(st.cuda_memory.workspace_bytes), st.tuning)
+    return CudaPlan(triton_version(), cuda.module.index_bits, tuple(launches),
+                    to_expr(cuda.memory.workspace_bytes), tuning)
 
 
-def cubin_members(st, members: dict, folder: str) -> dict[int, tuple]:
+def cubin_members(g, members: dict, folder: str) -> dict[int, tuple]:
     """Each arch's cubins, in launch order, added to ``members`` as ``kernels/cuda-sm_XX/<folder><kernel>.cubin``."""
     out = {}
-    for arch, cubins in st.cubins.items():
+    for arch, cubins in g.cuda.cubins.items():
         files = []
         for c in cubins:
             path = names.cubin(arch, folder, c.kernel)

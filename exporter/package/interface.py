@@ -13,17 +13,20 @@ from .training import training_interface
 from .weights import weight_specs
 
 
-def interface(st) -> Interface:
-    """The symbols, inputs, outputs, guards, weights, workspace, BLAS routines and training entries of ``st``."""
-    prog, low = st.program, st.lowering
+def interface(r, blas: tuple) -> Interface:
+    """The symbols, inputs, outputs, guards, weights, workspace, BLAS routines and training entries of the
+    pipeline's results ``r``, for a library calling ``blas``."""
+    g = r.inference
+    prog, low = g.program, g.lowering
+    single = g.captured.program.call_spec.out_spec.is_leaf()
     outputs = tuple(_spec(prog, low, n) for n in prog.outputs)
     return Interface(
         symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog, low, n) for n in prog.inputs), outputs=outputs,
-        output_structure="single" if len(prog.outputs) == 1 and st.output_is_single else "tuple",
-        guards=tuple(g.expr for g in guards(st.captured.guards)), weights=weight_specs(st),
-        workspace_bytes=to_expr(st.memory.workspace_bytes), blas=tuple(st.blas),
-        training=training_interface(st, outputs))
+        output_structure="single" if len(prog.outputs) == 1 and single else "tuple",
+        guards=tuple(g.expr for g in guards(g.captured.guards)), weights=weight_specs(g),
+        workspace_bytes=to_expr(g.memory.workspace_bytes), blas=tuple(blas),
+        training=training_interface(r, outputs))
 
 
 def guards(found) -> tuple:

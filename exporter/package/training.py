@@ -25,14 +25,14 @@ def _graph(entry: str, g, inputs: tuple, outputs: tuple) -> TrainingGraph:
     return TrainingGraph(entry, inputs, outputs, to_expr(g.memory.workspace_bytes), tuple(k.name for k in g.kernels))
 
 
-def training_interface(st, outputs: tuple) -> Training | None:
+def training_interface(r, outputs: tuple) -> Training | None:
     """The section without its CUDA kernels: what the CPU library's training entries are built for (and what its
     interface descriptor pins); ``outputs`` are the manifest's output specs (the training forward returns them
     first)."""
-    if st.training is None:
+    if r.training is None:
         return None
-    tg = st.training
-    fw, bw = st.train_states[TRAIN_FORWARD_ENTRY], st.train_states[BACKWARD_ENTRY]
+    tg = r.training
+    fw, bw = r.graphs[TRAIN_FORWARD_ENTRY], r.graphs[BACKWARD_ENTRY]
     saved = [f"saved.{k}" for k in range(len(fw.program.outputs) - tg.num_outputs)]
     fw_names = [s.name for s in outputs] + saved
     fw_outputs = tuple(_spec(fw.program, b, name) for b, name in zip(fw.program.outputs, fw_names))
@@ -43,13 +43,13 @@ def training_interface(st, outputs: tuple) -> Training | None:
     return Training(tuple(tg.trainable), forward, backward, tuple(tg.backward_sources), tuple(tg.gradients))
 
 
-def training_section(st, outputs: tuple, members: dict) -> tuple[Training | None, list[str]]:
+def training_section(r, outputs: tuple, members: dict) -> tuple[Training | None, list[str]]:
     """The section and the source members it added to ``members``."""
-    training = training_interface(st, outputs)
+    training = training_interface(r, outputs)
     if training is None:
         return None, []
-    fw, bw = st.train_states[TRAIN_FORWARD_ENTRY], st.train_states[BACKWARD_ENTRY]
-    if fw.triton is None:
+    fw, bw = r.graphs[TRAIN_FORWARD_ENTRY], r.graphs[BACKWARD_ENTRY]
+    if fw.cuda is None:
         return training, []
     forward = replace(training.forward, cuda=_cuda(TRAIN_FORWARD_ENTRY, fw, members))
     backward = replace(training.backward, cuda=_cuda(BACKWARD_ENTRY, bw, members))
@@ -61,6 +61,6 @@ def _cuda(entry: str, g, members: dict) -> GraphCuda:
     Triton source under ``src/cuda/training/`` and its cubins under ``kernels/cuda-sm_XX/<entry>/``."""
     plan = cuda_launches(g)
     source = names.training_source(entry)
-    members[source] = g.triton.source.encode()
+    members[source] = g.cuda.module.source.encode()
     cubins = {f"sm_{arch}": files for arch, files in cubin_members(g, members, f"{entry}/").items()}
-    return GraphCuda(source, g.triton.index_bits, plan.workspace_bytes, plan.launches, cubins)
+    return GraphCuda(source, g.cuda.module.index_bits, plan.workspace_bytes, plan.launches, cubins)

@@ -9,16 +9,16 @@ import torch
 from tcexport.formats.manifest import TensorSpec
 
 
-def weights_bytes(st) -> bytes:
+def weights_bytes(g) -> bytes:
     """The weights under their public names, in safetensors form."""
-    low, prog = st.lowering, st.program
+    low, prog = g.lowering, g.program
     arrays = {low.public_names[name]: _weight_array(low.weight_values[name]) for name in prog.weights}
     return safetensors.numpy.save(arrays)
 
 
-def weight_specs(st) -> tuple:
+def weight_specs(g) -> tuple:
     """Each weight's public name, dtype and (static) shape, in the program's weight order."""
-    low, prog = st.lowering, st.program
+    low, prog = g.lowering, g.program
     return tuple(TensorSpec(low.public_names[name], prog.buffers[name].dtype,
                             tuple(int(s) for s in low.weight_values[name].shape)) for name in prog.weights)
 
