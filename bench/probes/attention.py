@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.probes.common import graph_us, parser
+from bench.probes.common import graph_us, parser, require_gpu
 
 
 def _attn(qkv, maskb, out, S, H: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PV16: tl.constexpr,
@@ -125,6 +125,7 @@ def main(argv=None):
     p.add_argument("--mask", action="store_true", help="the mask loaded against computed in the kernel only")
     p.add_argument("--graph", action="store_true", help="time 12 launches in a CUDA graph instead of do_bench")
     args = p.parse_args(argv)
+    require_gpu()
     trial = Trials(args.graph)
     print(f"torch sdpa (bf16, is_causal) {trial.sdpa_ms()*1e3:.1f} us", flush=True)
     if args.mask:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.probes.common import export_gpt2, parser, work_folder
+from bench.probes.common import export_gpt2, parser, require_gpu, work_folder
 
 
 def timed(fn) -> float:
@@ -143,6 +143,7 @@ def main(argv=None):
     p = parser(__doc__, work=True)
     p.add_argument("--package", type=Path, help="GPT-2 small bf16 for sm_90 (default: exported into --work)")
     args = p.parse_args(argv)
+    require_gpu()
     import tcexport.loader as L
     from bench.models import get
 

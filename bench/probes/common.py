@@ -49,6 +49,15 @@ def require_interpreter() -> None:
         raise SystemExit("--check runs in Triton's interpreter: TRITON_INTERPRET=1 python -m bench.probes.NAME --check")
 
 
+def require_gpu() -> None:
+    """A probe times kernels on a GPU: say so on a machine without one, rather than fail deep inside torch."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("this probe runs on a CUDA GPU and there is none here (split_k, epilogue and ln_gemm "
+                         "have a --check that runs on the CPU)")
+
+
 def export_gpt2(path: Path, cache_dir: Path, cuda_options=None, label: str = "gpt2", **export_kw) -> Path:
     """GPT-2 small in bf16 (the harness's ``gpt2-small``: dynamic batch, 128 tokens), exported for sm_90 with
     ``cuda_options`` (a tcexport.exporter.options.CudaOptions; None: the defaults that ship) and saved to ``path``."""

@@ -7,13 +7,14 @@ time_calls: CUDA events, median of 60; three interleaved rounds) against ordinar
 Results: bench/results/nvidia-h200-2026-11-30-late-gpt2-call-path.md."""
 from __future__ import annotations
 
-from bench.probes.common import export_gpt2, parser, work_folder
+from bench.probes.common import export_gpt2, parser, require_gpu, work_folder
 
 PLACES = {"after the last store": "after_last_store", "at the top": "top", "none": "none"}
 
 
 def main(argv=None):
     args = parser(__doc__, work=True).parse_args(argv)
+    require_gpu()
     import torch
 
     import tcexport.loader as L

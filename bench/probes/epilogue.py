@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from bench.probes.common import Mode, add_check_option, graph_us, parser, require_interpreter
+from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
 from bench.probes.gemm_kernels import tile_pid
 
 
@@ -103,6 +103,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.check:
         require_interpreter()
+    else:
+        require_gpu()
     epilogues(Mode(args.check))
 
 

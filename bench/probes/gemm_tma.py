@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.probes.common import parser, torch_allocator_for_triton
+from bench.probes.common import parser, require_gpu, torch_allocator_for_triton
 
 
 @triton.jit
@@ -89,6 +89,7 @@ def compare():
 
 def main(argv=None):
     parser(__doc__).parse_args(argv)
+    require_gpu()
     torch_allocator_for_triton()  # mm_tma's descriptors
     compare()
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.probes.common import parser, work_folder
+from bench.probes.common import parser, require_gpu, work_folder
 
 
 def timed(fn, n: int = 50) -> float:
@@ -184,6 +184,7 @@ def main(argv=None):
     p.add_argument("--profile-batches", type=int, nargs="*", default=[8], help="batches to profile by kernel")
     p.add_argument("--autotune", action="store_true", help="export with --autotune at batches 1 and 8")
     args = p.parse_args(argv)
+    require_gpu()
     import torch
 
     import tcexport.loader as L

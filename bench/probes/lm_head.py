@@ -16,7 +16,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from bench.probes.common import export_gpt2, parser, torch_allocator_for_triton, work_folder
+from bench.probes.common import export_gpt2, parser, require_gpu, torch_allocator_for_triton, work_folder
 
 M, N, K = 1024, 50257, 768  # GPT-2 small's LM head at batch 8
 
@@ -142,6 +142,7 @@ def alone(paths: dict, device) -> None:
 
 def main(argv=None):
     args = parser(__doc__, work=True).parse_args(argv)
+    require_gpu()
     from tcexport.exporter.options import CudaOptions
 
     work = work_folder(args)

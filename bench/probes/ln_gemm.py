@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.probes.common import Mode, add_check_option, parser, require_interpreter
+from bench.probes.common import Mode, add_check_option, parser, require_gpu, require_interpreter
 from bench.probes.gemm_kernels import tile_pid
 
 
@@ -106,6 +106,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.check:
         require_interpreter()
+    else:
+        require_gpu()
     compare(Mode(args.check))
 
 

@@ -14,7 +14,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from bench.probes.common import parser, torch_allocator_for_triton
+from bench.probes.common import parser, require_gpu, torch_allocator_for_triton
 from bench.probes.gemm_kernels import mm_persist, mm_tile
 
 
@@ -73,6 +73,7 @@ def compare():
 
 def main(argv=None):
     parser(__doc__).parse_args(argv)
+    require_gpu()
     torch_allocator_for_triton()  # the TMA variants' descriptors
     compare()
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.probes.common import Mode, add_check_option, graph_us, parser, require_interpreter
+from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
 from bench.probes.gemm_kernels import mm_tile, tile_pid
 
 
@@ -265,10 +265,12 @@ def main(argv=None):
     which.add_argument("--sweep", action="store_true", help="tiles x warps x stages for fc2 and proj")
     which.add_argument("--sweep-wide", action="store_true", help="tiles x stages for qkv, fc1 and the LM head")
     args = p.parse_args(argv)
+    if args.check and (args.sweep or args.sweep_wide):
+        p.error("--sweep and --sweep-wide time kernels on a GPU; --check runs the GEMM comparison's shapes")
     if args.check:
         require_interpreter()
-        if args.sweep or args.sweep_wide:
-            p.error("--sweep and --sweep-wide time kernels on a GPU; --check runs the GEMM comparison's shapes")
+    else:
+        require_gpu()
     if args.sweep:
         sweep()
     elif args.sweep_wide:
