@@ -24,7 +24,8 @@ import contextlib, importlib, io, json, os, pkgutil, re, sys, tempfile, types
 import triton.runtime._allocation as allocation
 import tcexport.exporter, tcexport.loader
 for info in pkgutil.walk_packages(tcexport.exporter.__path__, "tcexport.exporter."):  # every room, wherever it is
-    importlib.import_module(info.name)
+    if not info.name.endswith(".__main__"):
+        importlib.import_module(info.name)
 
 def globals_of(prefix):
     return {n: dict(vars(m)) for n, m in list(sys.modules.items()) if n.startswith(prefix) and m is not None}
