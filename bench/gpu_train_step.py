@@ -3,22 +3,25 @@ process (CUDA events, median of 30 steps; float32): forward keeping what the bac
 output gradients, and an in-place SGD update of every parameter (through ``parameters()`` for the package).
 Also the saved activations' bytes against eager's (what autograd keeps alive between forward and backward).
 
-    python -m bench.gpu_train_step          # on a CUDA machine; MODELS=mlp,decoder
+    python -m bench.gpu_train_step                      # on a CUDA machine
+    python -m bench.gpu_train_step --models mlp --work DIR   # the packages in DIR (default: a temporary folder)
+
+Harness, not a probe: it measures what ships (a `--backward` package's training step), as bench/train_step.py does
+on the CPU, with no option the product does not have. Results: bench/results/nvidia-h200-2026-11-29-train-step.md.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.getcwd())
-import tcexport.loader as L  # noqa: E402
-from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
-from tcexport.exporter.pipeline import export  # noqa: E402
+import tcexport.loader as L
+from tcexport.exporter.front.model_file import load_model_file
+from tcexport.exporter.pipeline import export
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {"mlp": (ROOT / "examples/mlp.py", [(64, 64), (512, 64)]),
@@ -59,16 +62,22 @@ def saved_bytes_eager(module, x) -> int:
     return total
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--work", type=Path, help="folder for the packages (default: a fresh temporary folder)")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="tcexport-train-"))
+    work.mkdir(parents=True, exist_ok=True)
     arch = "cuda:sm_%d%d" % torch.cuda.get_device_capability()
     results = {}
-    for name in os.environ.get("MODELS", "mlp,decoder").split(","):
+    for name in args.models:
         path, shapes = CASES[name]
         spec = load_model_file(str(path))
         t0 = time.perf_counter()
         pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, arch, name=name, source_path=str(path),
                      backward=True)
-        out = Path(f"/tmp/{name}-train.tcpkg")
+        out = work / f"{name}-train.tcpkg"
         pkg.save(out)
         build_s = time.perf_counter() - t0
         model = L.load(out, device="cuda")

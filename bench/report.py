@@ -107,10 +107,16 @@ def write_all(result: dict, out_dir: Path, stem: str) -> None:
     plots(result, out_dir, stem)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> None:
+    """Redraw a result's table and plots beside it: ``python -m bench.report bench/results/NAME.json``."""
+    import argparse
     import json
-    import sys
 
-    res = json.loads(Path(sys.argv[1]).read_text())
-    p = Path(sys.argv[1])
-    write_all(res, p.parent, p.stem)
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("result", type=Path, help="a .json that bench.run wrote")
+    p = parser.parse_args(argv).result
+    write_all(json.loads(p.read_text()), p.parent, p.stem)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,18 +1,19 @@
-"""Probe (`python -m bench.gpu_epilogue_probe` on a GPU machine): what GPT-2's GEMM epilogues cost at batch 8
-(M=1024, bf16, 64x128x64 and 64x64x128 tiles), timed in a CUDA graph of 12 launches with 12 weights. Variants:
-the bias as a [BN] row vs the generated code's full-tile load with indices decomposed per element (division by
-the runtime seq length); GELU (tanh form) with libdevice.tanh, tanh.approx.f32, and exp; the residual add indexed
-per element vs per row. Results: bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md.
-TRITON_INTERPRET=1 python -m bench.gpu_epilogue_probe --check"""
-import sys
-import torch, triton, triton.language as tl
+"""Probe: what GPT-2's GEMM epilogues cost at batch 8 (M=1024, bf16, 64x128x64 and 64x64x128 tiles), timed in a
+CUDA graph of 12 launches with 12 weights. Variants: the bias as a [BN] row vs the generated code's full-tile load
+with indices decomposed per element (division by the runtime seq length); GELU (tanh form) with libdevice.tanh,
+tanh.approx.f32, and exp; the residual add indexed per element vs per row.
+
+    python -m bench.probes.epilogue                                 # on a GPU machine
+    TRITON_INTERPRET=1 python -m bench.probes.epilogue --check      # correctness on the CPU, small shapes
+
+Results: bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md."""
+import torch
+import triton
+import triton.language as tl
 from triton.language.extra import libdevice
 
-from bench.gpu_split_k_probe import _tile, graph_us
-
-CHECK = "--check" in sys.argv
-DEV = "cpu" if CHECK else "cuda"
-DT = torch.float16 if CHECK else torch.bfloat16
+from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
+from bench.probes.gemm_kernels import tile_pid
 
 
 @triton.jit
@@ -23,7 +24,7 @@ def _tanh_approx(x):
 @triton.jit
 def mm_epi(A, W, C, bias, R, M, N, K, seq, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
            GROUP_M: tl.constexpr, ROWS: tl.constexpr, GELU: tl.constexpr, RES: tl.constexpr):
-    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
+    pid_m, pid_n = tile_pid(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), tl.float32)
     for kk in range(0, tl.cdiv(K, BK)):
@@ -57,7 +58,9 @@ def mm_epi(A, W, C, bias, R, M, N, K, seq, BM: tl.constexpr, BN: tl.constexpr, B
     tl.store(C + rm[:, None] * N + rn[None, :], t1.to(C.dtype.element_ty), mask=mask)
 
 
-def main():
+def epilogues(mode: Mode):
+    """Each GEMM shape with the epilogues its layer has, indices per element and per row, checked against torch."""
+    CHECK, DEV, DT = mode.check, mode.device, mode.dtype
     seq = 128 if not CHECK else 16
     shapes = {"small": (48, 64, 96, (32, 32, 32, 4, 2))} if CHECK else {
         "fc1": (1024, 3072, 768, (64, 128, 64, 4, 3)), "proj": (1024, 768, 768, (64, 64, 128, 4, 3)),
@@ -92,6 +95,17 @@ def main():
                 t = float("nan") if CHECK else graph_us(fns)
                 line += f" | {label}{' rows' if rows else ''} {t:.2f} us err {err:.1e}"
         print(line, flush=True)
+
+
+def main(argv=None):
+    p = parser(__doc__)
+    add_check_option(p)
+    args = p.parse_args(argv)
+    if args.check:
+        require_interpreter()
+    else:
+        require_gpu()
+    epilogues(Mode(args.check))
 
 
 if __name__ == "__main__":

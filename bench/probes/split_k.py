@@ -1,23 +1,19 @@
-"""Probe (`python -m bench.gpu_split_k_probe` on a GPU machine): stream-K and serial split-K (one launch, fix-up by
-the last program to arrive) against the tile GEMM and cuBLAS, on GPT-2 small's batch-8 GEMMs, and the LM head's
-tiles. Timed as the model sees them: a CUDA graph of 12 launches, each with its own weight (cold in L2) and one
-shared A (hot). `--fc2`: the down-projection only, over more tiles; `--sweep`: tiles x warps x stages for the
-down-projection and the attention projection. Results: bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md.
-TRITON_INTERPRET=1 python -m bench.gpu_split_k_probe --check   (correctness on the CPU, small shapes)"""
-import sys
-import torch, triton, triton.language as tl
+"""Probe: stream-K and serial split-K (one launch, fix-up by the last program to arrive) against the tile GEMM and
+cuBLAS, on GPT-2 small's batch-8 GEMMs, and the LM head's tiles. Timed as the model sees them: a CUDA graph of 12
+launches, each with its own weight (cold in L2) and one shared A (hot). `--fc2`: the down-projection only, over
+more tiles; `--sweep`: tiles x warps x stages for the down-projection and the attention projection; `--sweep-wide`:
+the same for the QKV projection, the MLP up-projection and the LM head.
 
-CHECK = "--check" in sys.argv
-DEV = "cpu" if CHECK else "cuda"
-DT = torch.float16 if CHECK else torch.bfloat16
+    python -m bench.probes.split_k [--fc2 | --sweep | --sweep-wide]      # on a GPU machine
+    TRITON_INTERPRET=1 python -m bench.probes.split_k --check             # correctness on the CPU, small shapes
 
+Results: bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md."""
+import torch
+import triton
+import triton.language as tl
 
-@triton.jit
-def _tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    group = GROUP_M * num_n
-    first_m = (tile // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % group) % group_m, (tile % group) // group_m
+from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
+from bench.probes.gemm_kernels import mm_tile, tile_pid
 
 
 @triton.jit
@@ -28,35 +24,6 @@ def _k_steps(A, W, acc, rm, rn, rk, k0, k1, M, N, K, BK: tl.constexpr):
         b = tl.load(W + (kk * BK + rk[:, None]) * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
         acc = tl.dot(a, b, acc)
     return acc
-
-
-@triton.jit
-def mm_tile(A, W, C, bias, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-            MOD: tl.constexpr = False, WT: tl.constexpr = False):
-    """MOD: rows and columns past the edge load a wrapped-around (valid) element instead of being masked, and only
-    the store is masked. WT: the weight is stored [N, K] (an LM head tied to the embedding)."""
-    pid_m, pid_n = _tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
-    rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), tl.float32)
-    if MOD:
-        ram = tl.max_contiguous(tl.multiple_of(rm % M, BM), BM)
-        rbn = tl.max_contiguous(tl.multiple_of(rn % N, BN), BN)
-    for kk in range(0, tl.cdiv(K, BK)):
-        if MOD:
-            a = tl.load(A + ram[:, None] * K + kk * BK + rk[None, :])
-            if WT:
-                b = tl.load(W + rbn[None, :] * K + kk * BK + rk[:, None])
-            else:
-                b = tl.load(W + (kk * BK + rk[:, None]) * N + rbn[None, :])
-        else:
-            a = tl.load(A + rm[:, None] * K + kk * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
-            if WT:
-                b = tl.load(W + rn[None, :] * K + kk * BK + rk[:, None], mask=rn[None, :] < N, other=0.0)
-            else:
-                b = tl.load(W + (kk * BK + rk[:, None]) * N + rn[None, :], mask=rn[None, :] < N, other=0.0)
-        acc = tl.dot(a, b, acc)
-    acc += tl.load(bias + rn, mask=rn < N).to(tl.float32)[None, :]
-    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(C.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 @triton.jit
@@ -76,7 +43,7 @@ def mm_streamk(A, W, C, bias, WS, CNT, M, N, K, BM: tl.constexpr, BN: tl.constex
         tile = it // iters
         k0 = it - tile * iters
         k1 = tl.minimum(iters, end - tile * iters)
-        pid_m, pid_n = _tile(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = tile_pid(tile, num_m, num_n, GROUP_M)
         rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN)
         acc = _k_steps(A, W, tl.zeros((BM, BN), tl.float32), rm, rn, rk, k0, k1, M, N, K, BK)
         mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -104,7 +71,7 @@ def mm_serial(A, W, C, bias, WS, CNT, M, N, K, S: tl.constexpr, BM: tl.constexpr
     pid = tl.program_id(0) // S
     s = tl.program_id(0) % S
     num_m = tl.cdiv(M, BM); num_n = tl.cdiv(N, BN); iters = tl.cdiv(K, BK)
-    pid_m, pid_n = _tile(pid, num_m, num_n, GROUP_M)
+    pid_m, pid_n = tile_pid(pid, num_m, num_n, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM); rn = pid_n * BN + tl.arange(0, BN); rk = tl.arange(0, BK)
     k0 = s * iters // S
     k1 = (s + 1) * iters // S
@@ -122,25 +89,9 @@ def mm_serial(A, W, C, bias, WS, CNT, M, N, K, S: tl.constexpr, BM: tl.constexpr
         tl.store(C + rm[:, None] * N + rn[None, :], acc.to(C.dtype.element_ty), mask=mask)
 
 
-def graph_us(fns, reps=30):
-    """Median per-launch time of ``fns`` captured in one CUDA graph."""
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    return sorted(ts)[len(ts) // 2]
-
-
-def head(sms):
+def head(mode: Mode):
     """The LM head (GPT-2's tied [N, K] embedding): masked tiles against wrapped loads, and tile shapes."""
+    CHECK, DEV, DT = mode.check, mode.device, mode.dtype
     M, K = (64, 96) if CHECK else (1024, 768)
     for N in ((200,) if CHECK else (50257, 50304)):
         a = torch.randn(M, K, device=DEV, dtype=DT)
@@ -169,15 +120,18 @@ def head(sms):
             print("head ok")
 
 
-def main():
+def gemms(mode: Mode, fc2: bool):
+    """GPT-2's batch-8 GEMMs (``fc2``: the down-projection only): cuBLAS, the tile GEMM masked and wrapped, stream-K
+    and serial split-K, each checked twice (the zero-at-rest workspace must hold for the next call)."""
+    CHECK, DEV, DT = mode.check, mode.device, mode.dtype
     sms = 8 if CHECK else torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {"small": (200, 96, 320)} if CHECK else \
         {"fc2": (1024, 768, 3072), "proj": (1024, 768, 768), "qkv": (1024, 2304, 768), "fc1": (1024, 3072, 768)}
     layers = 2 if CHECK else 12
-    if "--fc2" in sys.argv:
+    if fc2:
         shapes = {"fc2": shapes["fc2"]} if not CHECK else shapes
     else:
-        head(sms)
+        head(mode)
     for name, (M, N, K) in shapes.items():
         a = torch.randn(M, K, device=DEV, dtype=DT)
         ws_ = [torch.randn(K, N, device=DEV, dtype=DT) * 0.05 for _ in range(layers)]
@@ -213,7 +167,7 @@ def main():
             add("cublas", [lambda w=w, c=c: torch.addmm(bias, a, w, out=c) for w, c in zip(ws_, cs)])
         tiles = ((32, 32, 32, 4, 2),) if CHECK else \
             ((64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4))
-        if "--fc2" in sys.argv and not CHECK:
+        if fc2 and not CHECK:
             tiles = ((64, 32, 128, 4, 3), (64, 32, 64, 4, 4), (64, 64, 64, 4, 4), (64, 64, 64, 4, 3), (64, 64, 128, 4, 2),
                      (64, 64, 128, 4, 3), (64, 64, 256, 4, 2), (32, 64, 128, 4, 3))
         for bm, bn, bk, warps, stages in tiles:
@@ -223,7 +177,7 @@ def main():
                     [lambda w=w, c=c: mm_tile[grid](a, w, c, bias, M, N, K, bm, bn, bk, 8, mod, num_warps=warps,
                                                     num_stages=stages) for w, c in zip(ws_, cs)])
         sk = ((32, 32, 32, 4, 2),) if CHECK else ((64, 64, 128, 4, 3), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3)) \
-            if "--fc2" in sys.argv else \
+            if fc2 else \
             ((128, 128, 64, 8, 3), (128, 128, 64, 4, 3), (128, 64, 64, 4, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 3),
              (128, 256, 64, 8, 3))
         for bm, bn, bk, warps, stages in sk:
@@ -231,7 +185,7 @@ def main():
                 add(f"stream-K {bm}x{bn}x{bk} w{warps} s{stages} G={g}",
                     [lambda w=w, c=c: mm_streamk[(g,)](a, w, c, bias, ws32, cnt, M, N, K, bm, bn, bk, 8, num_warps=warps,
                                                       num_stages=stages) for w, c in zip(ws_, cs)])
-            for s in ((2,) if CHECK or "--fc2" in sys.argv else (2, 3, 4)):
+            for s in ((2,) if CHECK or fc2 else (2, 3, 4)):
                 grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn) * s,)
                 add(f"serial split-K {s} {bm}x{bn}x{bk} w{warps} s{stages}",
                     [lambda w=w, c=c: mm_serial[grid](a, w, c, bias, slots, cnt, M, N, K, s, bm, bn, bk, 8, num_warps=warps,
@@ -303,5 +257,27 @@ def sweep_wide():
         print(f"{name}: " + "; ".join(f"{t:.2f} {l}" for t, l in res[:10]), flush=True)
 
 
+def main(argv=None):
+    p = parser(__doc__)
+    add_check_option(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--fc2", action="store_true", help="the down-projection only, over more tiles")
+    which.add_argument("--sweep", action="store_true", help="tiles x warps x stages for fc2 and proj")
+    which.add_argument("--sweep-wide", action="store_true", help="tiles x stages for qkv, fc1 and the LM head")
+    args = p.parse_args(argv)
+    if args.check and (args.sweep or args.sweep_wide):
+        p.error("--sweep and --sweep-wide time kernels on a GPU; --check runs the GEMM comparison's shapes")
+    if args.check:
+        require_interpreter()
+    else:
+        require_gpu()
+    if args.sweep:
+        sweep()
+    elif args.sweep_wide:
+        sweep_wide()
+    else:
+        gemms(Mode(args.check), args.fc2)
+
+
 if __name__ == "__main__":
-    sweep() if "--sweep" in sys.argv else sweep_wide() if "--sweep-wide" in sys.argv else main()
+    main()

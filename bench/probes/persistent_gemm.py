@@ -1,4 +1,4 @@
-"""Go/no-go probe (`python -m bench.gpu_persistent_gemm_probe` on a GPU machine): does a persistent GEMM, one
+"""Go/no-go probe (`python -m bench.probes.persistent_gemm` on a GPU machine): does a persistent GEMM, one
 program per SM walking its tiles with the loop over tiles software-pipelined across tile boundaries
 (``tl.range(..., flatten=True)``), beat our one-program-per-tile template on GPT-2 small's GEMMs at batch 8?
 
@@ -7,42 +7,15 @@ its 64 KB epilogue of unaligned stores (N=50257) are not hidden behind another t
 which fits one such program per SM. cuBLAS takes 117 us there on a padded N, the template 176 us. Loads are
 pointer loads or TMA descriptors (``tl.make_tensor_descriptor``); stores are pointer stores, since the output's
 row stride (50257 elements) is not 16-byte aligned and TMA cannot write it. One program per tile is
-bench.gpu_split_k_probe's ``mm_tile``, the template's loop, with a zero bias."""
+``mm_tile`` (bench/probes/gemm_kernels.py), the template's loop, with a zero bias.
+
+Results: bench/results/nvidia-h200-2026-11-30-persistent-lm-head.md."""
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench
 
-from bench.gpu_split_k_probe import _tile, mm_tile  # one program per tile: the template's loop
-
-triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
-@triton.jit
-def mm_persist(A, W, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-               NUM_SMS: tl.constexpr, FLATTEN: tl.constexpr, TMA: tl.constexpr):
-    num_m = tl.cdiv(M, BM)
-    num_n = tl.cdiv(N, BN)
-    k_tiles = tl.cdiv(K, BK)
-    if TMA:
-        a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
-        w_desc = tl.make_tensor_descriptor(W, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=FLATTEN):
-        pid_m, pid_n = _tile(tile, num_m, num_n, GROUP_M)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        acc = tl.zeros((BM, BN), tl.float32)
-        for kk in range(0, k_tiles):
-            if TMA:
-                a = a_desc.load([pid_m * BM, kk * BK])
-                b = w_desc.load([pid_n * BN, kk * BK]).T
-            else:
-                a = tl.load(A + rm[:, None] * K + kk * BK + rk[None, :], mask=rm[:, None] < M, other=0.0)
-                b = tl.load(W + rn[None, :] * K + kk * BK + rk[:, None], mask=rn[None, :] < N, other=0.0)
-            acc = tl.dot(a, b, acc)
-        tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16),
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+from bench.probes.common import parser, require_gpu, torch_allocator_for_triton
+from bench.probes.gemm_kernels import mm_persist, mm_tile
 
 
 TILE_CONFIGS = [(128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (128, 128, 64, 4, 3), (64, 128, 64, 4, 5)]
@@ -51,7 +24,8 @@ PERSIST_CONFIGS = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (128, 128, 64, 8,
 SHAPES = {"head": (50257, 768), "qkv": (2304, 768), "fc1": (3072, 768), "fc2": (768, 3072), "proj": (768, 768)}
 
 
-def main():
+def compare():
+    """Every shape: cuBLAS, the tile template and the persistent variants, each checked, the best of each kind."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     M = 1024
     for name, (N, K) in SHAPES.items():
@@ -95,6 +69,13 @@ def main():
         if name == "head":
             for kind, cfg, t in rows:
                 print(f"    {kind:20s} {cfg} {t * 1e3:7.1f} us", flush=True)
+
+
+def main(argv=None):
+    parser(__doc__).parse_args(argv)
+    require_gpu()
+    torch_allocator_for_triton()  # the TMA variants' descriptors
+    compare()
 
 
 if __name__ == "__main__":
