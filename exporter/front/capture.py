@@ -41,7 +41,7 @@ class Captured:
     symbols: dict[str, dynamic.SymbolSpec]  # user name -> range (as export refined it)
     rename: dict  # torch's sympy symbol -> an expression over our symbols (see relations.subst)
     model_file: str | None
-    guards: list = field(default_factory=list)  # relations.Guard: what the loader checks beyond ranges and dims
+    guards: list = field(default_factory=list)  # relations.Relation: what the loader checks beyond ranges and dims
     notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
@@ -129,13 +129,6 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
             break
     raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
                        f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
-
-
-def _user_input_nodes(ep) -> dict[str, torch.fx.Node]:
-    from torch.export.graph_signature import InputKind
-    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    return {name: nodes[name] for name in user}
 
 
 def _check_sizes_known(ep, rename) -> None:

@@ -17,6 +17,7 @@ from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.front.capture import Captured, to_sympy
+from tcexport.exporter.front.source_line import source_of
 from tcexport.exporter.errors import CaptureError, UnsupportedOpError
 
 TORCH_DTYPES = {
@@ -69,22 +70,6 @@ def torch_dtype_name(dtype) -> str:
     except KeyError:
         raise UnsupportedOpError(f"dtype {dtype} is not supported yet (supported: {sorted(TORCH_DTYPES.values())})",
                                  op=str(dtype)) from None
-
-
-_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
-
-
-def source_of(node: torch.fx.Node, model_file: str | None) -> str | None:
-    """The user's source line for a node: the innermost frame in the model file, else the innermost frame."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = list(_FRAME_RE.finditer(trace))
-    if not frames:
-        return None
-    pick = frames[-1]
-    if model_file:
-        mine = [f for f in frames if f["file"].endswith(str(model_file).split("/")[-1])]
-        pick = mine[-1] if mine else pick
-    return f'{pick["file"]}:{pick["line"]} in {pick["fn"]}: {pick["code"].strip()}'
 
 
 class Lowering:
