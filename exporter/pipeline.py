@@ -59,7 +59,7 @@ class State:
     grad_inputs: tuple = ()                           # inputs whose gradients the backward returns
     training: object = None                           # autograd.TrainingGraphs
     train_states: dict = field(default_factory=dict)  # entry name -> the State of that training graph
-    lower_fn: Callable | None = None                  # lowering of this graph (None: lower.lower)
+    lower_fn: Callable | None = None                  # lowering of this graph (None: lower_inference)
     tuning: dict | None = None                        # manifest cuda.tuning: configs chosen by --autotune
     autotune_at: list | None = None                   # --autotune: the shapes to measure at (None: no tuning)
 
@@ -90,7 +90,7 @@ def _each_graph(st: State, stage: Callable[[State], str]) -> str:
 
 
 def _lower(st: State) -> str:
-    st.program, st.lowering = (st.lower_fn or lower_mod.lower)(st.captured)
+    st.program, st.lowering = (st.lower_fn or lower_mod.lower_inference)(st.captured)
     st.program.verify()
     return str(st.program)
 
