@@ -4,6 +4,14 @@ Composite ops (softmax, layer_norm, gelu, ...) are decomposed on purpose: fusion
 from their parts, so one generic mechanism covers every such op instead of one hand-written kernel each.
 Then graph rewrites that are exact at export time run on the decomposed program (``fold_batchnorm``: an eval
 batch norm after a convolution becomes part of the convolution's weight and bias).
+
+A dynamic dim's way through the front end (``tcexport model.py --dynamic batch``): cli.py passes the spec
+strings to the pipeline's capture stage, which calls ``capture`` here; dynamic.py parses them into our symbols
+and where each is placed, then into torch.export Dims; torch.export runs (accepting its suggested fixes through
+relations.accept_fixes); relations.py maps torch's symbols back to ours (``rename``), refines each symbol's range
+and collects the guards. ``Captured`` carries them on: lowering reads every size over our symbols
+(``to_sympy``, lower/context.py), and the package stage writes ``symbols`` and ``guards`` into the manifest,
+which loader/guards.py checks before every call.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ EXTRA_DECOMPOSITIONS = [
 
 @dataclass
 class Captured:
+    """What the front end hands to lowering (lower/core.py): the decomposed program, our symbols and their
+    ranges, torch's symbols renamed to ours, and the relations the package guards."""
+
     program: torch.export.ExportedProgram
     input_names: list[str]
     symbols: dict[str, dynamic.SymbolSpec]  # user name -> range (as export refined it)
@@ -86,8 +97,9 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
 
 
 def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True) -> Captured:
-    """``fold=False`` keeps eval batch norms unfolded (a training package shares these weights with its
-    training graphs, where each is a parameter of its own)."""
+    """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
+    then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
+    (a training package shares these weights with its training graphs, where each is a parameter of its own)."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)

@@ -9,6 +9,10 @@
 
 Our symbols are the user's: a divisibility fact keeps ``seq`` (input dims stay ``seq``) and records the guard
 ``seq % 4 == 0``; torch's ``_seq`` becomes ``seq // 4`` wherever the program uses it (``subst``).
+
+capture.capture calls these in that order; the refined symbols and the ``Relation`` list travel in
+capture.Captured to lowering (sizes over our symbols) and to the package stage, which writes each Relation as a
+manifest Guard that the loader (loader/guards.py) checks on every call.
 """
 
 from __future__ import annotations

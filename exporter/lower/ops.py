@@ -1,4 +1,7 @@
-"""Per-op lowering rules: small registered functions from an op's arguments to IR nodes or views."""
+"""Lowering rules for the common ops: elementwise (unary, binary, compare, where, clamp, casts), views (reshape,
+permute, expand, squeeze, slice, select: index arithmetic, no node), GEMM (mm, bmm, addmm; ``gemm`` and
+``gemm_operand`` are shared with conv.py and schedule/fuse.py), and a few creators (full, scalar_tensor, split).
+Each is a small function in this module's ``RULES`` table; core.py composes the tables per pipeline."""
 
 from __future__ import annotations
 
