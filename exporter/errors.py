@@ -41,6 +41,16 @@ class UnsupportedOpError(ExportError):
         self.source = source
 
 
+class DuplicateRuleError(ExportError):
+    """Two lowering rule tables composed into one pipeline's table (exporter/lower/core.py) define the same op:
+    a bug in tcexport, not in the model. ``op`` names the op, ``modules`` the two rule modules."""
+
+    def __init__(self, message: str, *, op: str, modules: tuple[str, str]):
+        super().__init__(message)
+        self.op = op
+        self.modules = modules
+
+
 class BuildError(ExportError):
     """The C++ compiler failed on generated code: a bug in tcexport, reported with the log and the source path."""
 

@@ -134,10 +134,11 @@ def _each_graph(r: Results, stage: Callable[[Results, Graph], str]) -> str:
 
 
 def _lower(r: Results, g: Graph) -> str:
-    from tcexport.exporter.lower import core, training
+    from tcexport.exporter.lower import core
 
-    lower = core.lower if g.name == INFERENCE else training.lower_training
-    g.program, g.lowering = lower(g.captured)
+    # the rule table is a value of the pipeline: the inference graph's, or the training graphs' (plus gradients)
+    rules = core.INFERENCE_RULES if g.name == INFERENCE else core.TRAINING_RULES
+    g.program, g.lowering = core.lower(g.captured, rules)
     g.program.verify()
     return str(g.program)
 

@@ -117,7 +117,7 @@ def test_ir_prints_and_verifies():
     from tcexport.exporter.lower import core as lower
 
     spec = load_model_file(__import__("packages").EXAMPLES / "mlp.py")
-    prog, _ = lower.lower(capture.capture(spec, []))
+    prog, _ = lower.lower_inference(capture.capture(spec, []))
     prog.verify()
     text = str(prog)
     assert "gemm(" in text and "erf(" in text and "batch in [1, 1024]" in text

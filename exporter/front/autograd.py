@@ -16,8 +16,6 @@ parameters; it does not update buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch._functorch._aot_autograd.schemas import OutputType
 from torch._functorch.aot_autograd import _aot_export_function
@@ -27,13 +25,12 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from tcexport.formats.abi import BACKWARD_ENTRY, TRAIN_FORWARD_ENTRY as FORWARD_ENTRY  # names the ABI fixes
 
-from tcexport.exporter.lower import grad as lower_grad  # noqa: F401 (lowering rules for the ops only backward graphs use)
+from tcexport.exporter.front.autograd_graphs import WEIGHT_KINDS, Joint, TrainingGraphs, rewire
 from tcexport.exporter.front.capture import Captured, decomposition_table
 from tcexport.exporter.errors import CaptureError
 from tcexport.exporter.front.model_file import ModelSpec
 
 aten = torch.ops.aten
-WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -52,41 +49,10 @@ def _sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 PRE_AUTOGRAD_DECOMPOSITIONS = {aten.scaled_dot_product_attention.default: _sdpa_math}
 
 
-@dataclass
-class Joint:
-    """The partitioned joint graph, before rewiring: torch's forward and backward GraphModules and what each
-    primal (the flat inputs of the exported program: weights, then user inputs) is."""
-
-    program: torch.export.ExportedProgram   # the training-IR export both graphs came from
-    forward: torch.fx.GraphModule           # primals -> user outputs, then saved values
-    backward: torch.fx.GraphModule          # saved values, tangents -> one gradient (or None) per primal
-    primal_specs: list                      # InputSpec per primal, in primal order
-    num_outputs: int                        # user outputs at the front of the forward's outputs
-    tangent_outputs: list[int]              # per tangent: the user output it is the gradient of
-    trainable: list[str]                    # weight keys whose primals require grad
-    grad_inputs: list[str]                  # user inputs whose primals require grad
-
-
-@dataclass
-class TrainingGraphs:
-    """The training forward and the backward, as lowering reads them, and how they connect (see SPEC §6b)."""
-
-    forward: Captured
-    backward: Captured
-    trainable: list[str]                          # weight keys that get gradients
-    grad_inputs: list[str]                        # user inputs that get gradients
-    backward_sources: list[tuple[str, int]]       # per backward input: ("input"|"forward"|"grad", index)
-    gradients: list[tuple[str, str]]              # per backward output: ("weight"|"input", name)
-    num_outputs: int                              # user outputs at the front of the forward's outputs
-    notes: list[str] = field(default_factory=list)
-
-
 def capture_training(spec: ModelSpec, captured: Captured, grad_inputs=None) -> TrainingGraphs:
     """Trace the joint graph of ``spec``'s model on the dynamic shapes ``captured`` succeeded with, partition it,
     and rewire both halves into programs lowering reads. ``grad_inputs`` names the user inputs that get
     gradients (default: none; each must be a floating-point input)."""
-    from tcexport.exporter.front.autograd_graphs import rewire
-
     ep = _export_training_ir(spec, captured)
     joint = trace_joint(ep, spec, list(grad_inputs or ()))
     return rewire(joint, captured)

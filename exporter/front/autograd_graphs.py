@@ -1,4 +1,5 @@
-"""Rewire the partitioned joint graph into a training forward and a backward that lowering reads.
+"""The training graphs: torch's partitioned joint graph (``Joint``, what autograd.py traces), rewired into a
+training forward and a backward that lowering reads (``TrainingGraphs``).
 
 torch's partitioner connects the two halves by "saved values": the forward returns them after the user outputs,
 the backward takes them (by the same node names) before the tangents. Saving everything as a forward output would
@@ -23,12 +24,12 @@ import torch
 from torch.export.graph_signature import InputKind, InputSpec, OutputKind, OutputSpec, TensorArgument
 from torch.fx.node import map_aggregate
 
-from tcexport.exporter.front.autograd import WEIGHT_KINDS, Joint, TrainingGraphs
 from tcexport.exporter.front.capture import Captured
 from tcexport.exporter.errors import CaptureError
 
 aten = torch.ops.aten
 prims = torch.ops.prims
+WEIGHT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 CONSTANT_PREFIX = "_autograd."  # weight key of a tensor constant the joint trace created
 
 # ops whose result is a view of their first argument (recomputing one costs index arithmetic only)
@@ -37,6 +38,35 @@ VIEW_OPS = {
     aten.expand.default, aten.transpose.int, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
     aten.squeeze.default, aten.slice.Tensor, aten.select.int, aten.alias.default, prims.broadcast_in_dim.default,
 }
+
+
+@dataclass
+class Joint:
+    """The partitioned joint graph, before rewiring: torch's forward and backward GraphModules and what each
+    primal (the flat inputs of the exported program: weights, then user inputs) is."""
+
+    program: torch.export.ExportedProgram   # the training-IR export both graphs came from
+    forward: torch.fx.GraphModule           # primals -> user outputs, then saved values
+    backward: torch.fx.GraphModule          # saved values, tangents -> one gradient (or None) per primal
+    primal_specs: list                      # InputSpec per primal, in primal order
+    num_outputs: int                        # user outputs at the front of the forward's outputs
+    tangent_outputs: list[int]              # per tangent: the user output it is the gradient of
+    trainable: list[str]                    # weight keys whose primals require grad
+    grad_inputs: list[str]                  # user inputs whose primals require grad
+
+
+@dataclass
+class TrainingGraphs:
+    """The training forward and the backward, as lowering reads them, and how they connect (see SPEC §6b)."""
+
+    forward: Captured
+    backward: Captured
+    trainable: list[str]                          # weight keys that get gradients
+    grad_inputs: list[str]                        # user inputs that get gradients
+    backward_sources: list[tuple[str, int]]       # per backward input: ("input"|"forward"|"grad", index)
+    gradients: list[tuple[str, str]]              # per backward output: ("weight"|"input", name)
+    num_outputs: int                              # user outputs at the front of the forward's outputs
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

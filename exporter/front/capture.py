@@ -4,6 +4,14 @@ Composite ops (softmax, layer_norm, gelu, ...) are decomposed on purpose: fusion
 from their parts, so one generic mechanism covers every such op instead of one hand-written kernel each.
 Then graph rewrites that are exact at export time run on the decomposed program (``fold_batchnorm``: an eval
 batch norm after a convolution becomes part of the convolution's weight and bias).
+
+A dynamic dim's way through the front end (``tcexport model.py --dynamic batch``): cli.py passes the spec
+strings to the pipeline's capture stage, which calls ``capture`` here; dynamic.py parses them into our symbols
+and where each is placed, then into torch.export Dims; torch.export runs (accepting its suggested fixes through
+relations.accept_fixes); relations.py maps torch's symbols back to ours (``rename``), refines each symbol's range
+and collects the guards. ``Captured`` carries them on: lowering reads every size over our symbols
+(``to_sympy``, lower/context.py), and the package stage writes ``symbols`` and ``guards`` into the manifest,
+which loader/guards.py checks before every call.
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ EXTRA_DECOMPOSITIONS = [
 
 @dataclass
 class Captured:
+    """What the front end hands to lowering (lower/core.py): the decomposed program, our symbols and their
+    ranges, torch's symbols renamed to ours, and the relations the package guards."""
+
     program: torch.export.ExportedProgram
     input_names: list[str]
     symbols: dict[str, dynamic.SymbolSpec]  # user name -> range (as export refined it)
     rename: dict  # torch's sympy symbol -> an expression over our symbols (see relations.subst)
     model_file: str | None
-    guards: list = field(default_factory=list)  # relations.Guard: what the loader checks beyond ranges and dims
+    guards: list = field(default_factory=list)  # relations.Relation: what the loader checks beyond ranges and dims
     notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
@@ -86,8 +97,9 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
 
 
 def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True) -> Captured:
-    """``fold=False`` keeps eval batch norms unfolded (a training package shares these weights with its
-    training graphs, where each is a parameter of its own)."""
+    """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
+    then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
+    (a training package shares these weights with its training graphs, where each is a parameter of its own)."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
@@ -129,13 +141,6 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
             break
     raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
                        f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
-
-
-def _user_input_nodes(ep) -> dict[str, torch.fx.Node]:
-    from torch.export.graph_signature import InputKind
-    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    return {name: nodes[name] for name in user}
 
 
 def _check_sizes_known(ep, rename) -> None:

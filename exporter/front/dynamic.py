@@ -12,6 +12,10 @@ A derived dim becomes torch.export Dim arithmetic (``2*Dim("seq")``, ``Dim("seq"
 symbol's. A symbol used only in derived dims is declared implicitly with the range 1..unbounded.
 Placement values are the dim's text: a symbol name (``"seq"``) or a normalised derived expression
 (``"2*seq"``, ``"seq - 1"``); ``parse_dim_expr`` reads either.
+
+Where a spec comes from and goes: cli.py (``--dynamic``) or the model file's ``dynamic_shapes`` -> ``resolve``
+(symbols and their placement, called by capture.capture) -> ``to_torch_dynamic_shapes`` (torch.export Dims) ->
+torch.export -> relations.py (torch's symbols back to ours, ranges, guards).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@
 
 Our symbols are the user's: a divisibility fact keeps ``seq`` (input dims stay ``seq``) and records the guard
 ``seq % 4 == 0``; torch's ``_seq`` becomes ``seq // 4`` wherever the program uses it (``subst``).
+
+capture.capture calls these in that order; the refined symbols and the ``Relation`` list travel in
+capture.Captured to lowering (sizes over our symbols) and to the package stage, which writes each Relation as a
+manifest Guard that the loader (loader/guards.py) checks on every call.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
+from torch.export.graph_signature import InputKind
 from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.front import dynamic
 from tcexport.exporter.front.dynamic import DimExpr, Rewrite, SymbolSpec
+from tcexport.exporter.front.source_line import source_of
 from tcexport.exporter.errors import CaptureError, DynamicSpecError, SpecializedDimError
 from tcexport.exporter.ir.loops import shape_symbol
 
@@ -31,8 +37,9 @@ _FIX_EXPR_RE = re.compile(r"^(?P<name>\w+) = (?P<expr>[\w\s*+\-]+)$")
 
 
 @dataclass
-class Guard:
-    """A relation over our symbols (sympy, boolean) and the human message the loader shows when it fails."""
+class Relation:
+    """A relation over our symbols (sympy, boolean) and the human message the loader shows when it fails; the
+    package stage writes each as a manifest ``Guard`` (formats.manifest), which the loader checks per call."""
 
     expr: sympy.Basic
     message: str
@@ -189,18 +196,23 @@ def _integral(e):
     return FloorDiv(sympy.expand(num), den)
 
 
+def user_input_nodes(ep) -> dict[str, torch.fx.Node]:
+    """The placeholders of the program's user inputs (not weights), by node name, in signature order."""
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    return {name: nodes[name] for name in user}
+
+
 def bind_symbols(ep, input_names, places, symbols: dict[str, SymbolSpec], accepted: Accepted):
     """Map torch's symbols to expressions over our symbols, from where each dim was placed.
 
     Returns (rename, ours) with ``ours`` the user symbols that stay free (others were rewritten)."""
-    from tcexport.exporter.front.capture import _user_input_nodes
-
     rewrites = accepted.rewrites
     ours = {n: shape_symbol(n) for n in symbols
             if n not in rewrites or rewrites[n].fresh_range is not None}
     rename: dict = {}
     pending = []
-    user_nodes = list(_user_input_nodes(ep).values())
+    user_nodes = list(user_input_nodes(ep).values())
     for k, name in enumerate(input_names[:len(user_nodes)]):
         shape = user_nodes[k].meta["val"].shape
         for dim, text in places.get(name, {}).items():
@@ -237,7 +249,7 @@ def _ours_of(decl: DimExpr, rewrites, ours) -> sympy.Expr:
     return decl.scale * inner + decl.offset
 
 
-def symbol_ranges(ep, rename, symbols, ours) -> tuple[dict[str, SymbolSpec], list[Guard]]:
+def symbol_ranges(ep, rename, symbols, ours) -> tuple[dict[str, SymbolSpec], list[Relation]]:
     """Each of our symbols' range: the user's, narrowed by every range constraint export recorded.
 
     A constraint on an expression that is not affine in one symbol becomes a guard instead."""
@@ -262,7 +274,7 @@ def symbol_ranges(ep, rename, symbols, ours) -> tuple[dict[str, SymbolSpec], lis
             e = _integral(e)
             cond = sympy.And(*([sympy.Le(kl, e)] if kl is not None else []) +
                              ([sympy.Le(e, kh)] if kh is not None else []))
-            guards.append(Guard(cond, f"export requires {kl} <= {e} <= {kh}"))
+            guards.append(Relation(cond, f"export requires {kl} <= {e} <= {kh}"))
     return {n: SymbolSpec(n, lo[n], hi[n]) for n in ours}, guards
 
 
@@ -286,7 +298,7 @@ def _finite(x) -> int | None:
         return None
 
 
-def collect_guards(ep, rename, accepted: Accepted, model_file: str | None) -> list[Guard]:
+def collect_guards(ep, rename, accepted: Accepted, model_file: str | None) -> list[Relation]:
     """Relations the package must check beyond symbol ranges and input dims, with human messages."""
     guards = []
     for rw in accepted.rewrites.values():
@@ -296,7 +308,7 @@ def collect_guards(ep, rename, accepted: Accepted, model_file: str | None) -> li
         where = _divisibility_source(ep, rw, rename, model_file)
         rule = divisibility_text(rw.name, rw.scale, rw.offset).replace("divisible", "must be divisible") \
             if rw.offset % rw.scale == 0 else divisibility_text(rw.name, rw.scale, rw.offset) + " must hold"
-        guards.append(Guard(sympy.Eq(sympy.Mod(s, rw.scale), rw.offset % rw.scale, evaluate=False),
+        guards.append(Relation(sympy.Eq(sympy.Mod(s, rw.scale), rw.offset % rw.scale, evaluate=False),
                             f"{rule} ({'from ' + where if where else 'torch: ' + accepted.reasons[rw.name]})"))
     shape_env = _shape_env(ep)
     known = set(rename)
@@ -304,18 +316,18 @@ def collect_guards(ep, rename, accepted: Accepted, model_file: str | None) -> li
         for g in shape_env.guards:
             if _keep(g.expr, known, shape_env):
                 loc = g.sloc.maybe_user_loc or g.sloc.framework_loc
-                guards.append(Guard(subst(g.expr, rename), f"export guards {g.expr} (from {_loc_text(loc)})"))
+                guards.append(Relation(subst(g.expr, rename), f"export guards {g.expr} (from {_loc_text(loc)})"))
         for asserts in shape_env.deferred_runtime_asserts.values():
             for ra in asserts:
                 if _keep(ra.expr, known, shape_env):
-                    guards.append(Guard(subst(ra.expr, rename), f"runtime assert: {ra.msg}"))
+                    guards.append(Relation(subst(ra.expr, rename), f"runtime assert: {ra.msg}"))
     for n in ep.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._assert_scalar.default:
             cond = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
             if isinstance(cond, torch.SymBool) and _keep(cond.node.expr, known, shape_env):
                 src = _source(n, model_file)
                 msg = str(n.args[1]) if len(n.args) > 1 else "runtime assert"
-                guards.append(Guard(subst(cond.node.expr, rename), msg + (f" (from {src})" if src else "")))
+                guards.append(Relation(subst(cond.node.expr, rename), msg + (f" (from {src})" if src else "")))
     return guards
 
 
@@ -352,8 +364,6 @@ def _short(path: str) -> str:
 
 
 def _source(node, model_file) -> str | None:
-    from tcexport.exporter.lower.core import source_of
-
     src = source_of(node, model_file)
     if not src:
         return None

@@ -19,29 +19,20 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.lower import ops as lower_ops
-from tcexport.exporter.lower.core import TensorRef, register, torch_dtype_name
-from tcexport.exporter.lower.ops import _cast, _idx, _shape
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import TensorRef, torch_dtype_name
 from tcexport.exporter.lower.reduce import reduction
+from tcexport.exporter.lower.values import all_of, cast, index_value, ivars, shape_of
 
 aten = torch.ops.aten
+RULES = RuleTable("tcexport.exporter.lower.conv")
 
 
-def _ints(v, n: int) -> list:
+def ints(v, n: int) -> list:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     if not v:
         return []
     return v * n if len(v) == 1 else v
-
-
-def _index(e) -> ir.Value:
-    return ir.IndexValue("int64", sympy.sympify(e))
-
-
-def _and(conds: list) -> ir.Value | None:
-    out = None
-    for c in conds:
-        out = c if out is None else ir.Op("bool", "logical_and", (out, c))
-    return out
 
 
 def window_load(x: TensorRef, lead: list, positions: list, fill, dtype: str, last: dict) -> ir.Value:
@@ -55,14 +46,14 @@ def window_load(x: TensorRef, lead: list, positions: list, fill, dtype: str, las
         hi = pos.xreplace({s: last.get(s, sympy.oo) for s in pos.free_symbols if _is_var(s)})
         clamped = pos
         if not lo.is_nonnegative:
-            conds.append(ir.Op("bool", "ge", (_index(pos), ir.Const("int64", 0))))
+            conds.append(ir.Op("bool", "ge", (index_value(pos), ir.Const("int64", 0))))
             clamped = sympy.Max(clamped, 0)
         if hi is None or not sympy.expand(size - 1 - hi).is_nonnegative:
-            conds.append(ir.Op("bool", "lt", (_index(pos), _index(size))))
+            conds.append(ir.Op("bool", "lt", (index_value(pos), index_value(size))))
             clamped = sympy.Min(clamped, size - 1)
         idx.append(clamped)
-    v = _cast(x.load(idx), dtype)
-    cond = _and(conds)
+    v = cast(x.load(idx), dtype)
+    cond = all_of(conds)
     return v if cond is None else ir.Op(dtype, "where", (cond, v, ir.Const(dtype, fill)))
 
 
@@ -70,16 +61,16 @@ def _is_var(s) -> bool:
     return s.name[0] in "ir" and s.name[1:].isdigit()
 
 
-def _positions(out_vars, kernel_vars, stride, padding, dilation) -> list:
+def window_positions(out_vars, kernel_vars, stride, padding, dilation) -> list:
     return [o * s - p + k * d for o, k, s, p, d in zip(out_vars, kernel_vars, stride, padding, dilation)]
 
 
-def _last(out_vars, out_sizes, kernel_vars, kernel_sizes) -> dict:
+def window_last(out_vars, out_sizes, kernel_vars, kernel_sizes) -> dict:
     """Each output / window variable's largest value."""
     return {v: sympy.sympify(n) - 1 for v, n in list(zip(out_vars, out_sizes)) + list(zip(kernel_vars, kernel_sizes))}
 
 
-@register(aten.convolution)
+@RULES.rule(aten.convolution)
 def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     """out[n, co, o...] = bias[co] + sum over (ci, k...) of x[n, g*Cg + ci, o*s - p + k*d] * w[co, ci, k...],
     g = co // (Cout / groups)."""
@@ -87,8 +78,8 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
         raise NotImplementedError("transposed convolution")
     nsp = len(w.shape) - 2
     lead = len(x.shape) - nsp - 1  # 1 with a batch dim, 0 without
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    stride, padding, dilation = _ints(stride, nsp), _ints(padding, nsp), _ints(dilation, nsp)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    stride, padding, dilation = ints(stride, nsp), ints(padding, nsp), ints(dilation, nsp)
     if groups == 1 and ir.compute_dtype(out) in ("float32", "float64"):
         return _convolution_gemm(low, val, x, w, bias, (stride, padding, dilation), lead)
     co = ir.ivar(lead)
@@ -96,14 +87,14 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
     ci = ir.rvar(0) if groups == 1 else FloorDiv(co, w.shape[0] // groups) * cg + ir.rvar(0)
     out_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     k_vars = [ir.rvar(1 + d) for d in range(nsp)]
-    last = _last(out_vars, shape[lead + 1:], k_vars, w.shape[2:])
-    xv = window_load(x, [ir.ivar(0)] * lead + [ci], _positions(out_vars, k_vars, stride, padding, dilation), 0, out,
-                     last)
-    wv = _cast(w.load([co, ir.rvar(0)] + k_vars), out)
+    last = window_last(out_vars, shape[lead + 1:], k_vars, w.shape[2:])
+    positions = window_positions(out_vars, k_vars, stride, padding, dilation)
+    xv = window_load(x, [ir.ivar(0)] * lead + [ci], positions, 0, out, last)
+    wv = cast(w.load([co, ir.rvar(0)] + k_vars), out)
     acc = reduction(low, shape, out, "sum", [cg] + list(w.shape[2:]), ir.Op(out, "mul", (xv, wv)))
     if bias is None:
         return acc
-    body = ir.Op(out, "add", (acc.load(_idx(len(shape))), _cast(bias.load([co]), out)))
+    body = ir.Op(out, "add", (acc.load(ivars(len(shape))), cast(bias.load([co]), out)))
     return low.pointwise(shape, out, body)
 
 
@@ -123,7 +114,7 @@ def _convolution_gemm(low, val, x, w, bias, geo, lead: int):
     GEMM's epilogue. The product runs on the backends' GEMMs (BLAS or the AVX-512 kernel on the CPU, the Triton
     template on the GPU) instead of a scalar reduction per output; cols costs K times the input's memory."""
     stride, padding, dilation = geo
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     nsp = len(w.shape) - 2
     cout, cin, kernel = w.shape[0], w.shape[1], list(w.shape[2:])
     o_sizes = list(shape[lead + 1:])
@@ -131,20 +122,20 @@ def _convolution_gemm(low, val, x, w, bias, geo, lead: int):
     n = list(shape[:lead])
     k_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     o_vars = [ir.ivar(lead + 1 + nsp + d) for d in range(nsp)]
-    last = _last(o_vars, o_sizes, k_vars, kernel)
-    patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead)], _positions(o_vars, k_vars, stride, padding,
+    last = window_last(o_vars, o_sizes, k_vars, kernel)
+    patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead)], window_positions(o_vars, k_vars, stride, padding,
                                                                                dilation), 0, out, last)
     cols = low.pointwise(tuple(n + [cin] + kernel + o_sizes), out, patch)
     row, col = ir.ivar(1), ir.ivar(2)  # the operands' (batch, row, col) = (i0, i1, i2)
     a = _view(w, tuple(n + [cout, cin * kp]), [row] + _split(col, [cin] + kernel), lead)
     b = _view(cols, tuple(n + [cin * kp, op]), ([ir.ivar(0)] if lead else []) + _split(row, [cin] + kernel)
               + _split(col, o_sizes), lead)
-    prod = lower_ops._gemm(low, val, a, b, batched=bool(lead))
+    prod = lower_ops.gemm(low, val, a, b, batched=bool(lead))
     acc = prod.dtype
-    body = prod.load(_idx(len(shape)))
+    body = prod.load(ivars(len(shape)))
     if bias is not None:
-        body = ir.Op(acc, "add", (body, _cast(bias.load([ir.ivar(lead)]), acc)))
-    return prod if bias is None and acc == out else low.pointwise(shape, out, _cast(body, out))
+        body = ir.Op(acc, "add", (body, cast(bias.load([ir.ivar(lead)]), acc)))
+    return prod if bias is None and acc == out else low.pointwise(shape, out, cast(body, out))
 
 
 def _view(ref: TensorRef, shape: tuple, index: list, lead: int) -> TensorRef:
@@ -156,47 +147,48 @@ def _view(ref: TensorRef, shape: tuple, index: list, lead: int) -> TensorRef:
     return TensorRef(ref.buffer, shape, tuple(sympy.sympify(e).xreplace(mapping) for e in ref.index))
 
 
-@register(aten.max_pool2d_with_indices)
+@RULES.rule(aten.max_pool2d_with_indices)
 def _max_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Values: a max over the window (padding reads -inf). Indices: an argmax over the same window, turned into
     the flat position in the input plane, as PyTorch returns it; dropped when unused."""
-    kernel = _ints(kernel_size, 2)
-    stride, padding, dilation = _ints(stride, 2) or kernel, _ints(padding, 2), _ints(dilation, 2)
-    shape, out = _shape(low, val[0]), torch_dtype_name(val[0].dtype)
+    kernel = ints(kernel_size, 2)
+    stride, padding, dilation = ints(stride, 2) or kernel, ints(padding, 2), ints(dilation, 2)
+    shape, out = shape_of(low, val[0]), torch_dtype_name(val[0].dtype)
     lead = len(x.shape) - 2
     out_vars = [ir.ivar(lead + d) for d in range(2)]
     k_vars = [ir.rvar(d) for d in range(2)]
-    last = _last(out_vars, shape[lead:], k_vars, kernel)
-    positions = _positions(out_vars, k_vars, stride, padding, dilation)
+    last = window_last(out_vars, shape[lead:], k_vars, kernel)
+    positions = window_positions(out_vars, k_vars, stride, padding, dilation)
     v = window_load(x, [ir.ivar(k) for k in range(lead)], positions, -math.inf, out, last)
     values = reduction(low, shape, out, "max", kernel, v)
-    arg = reduction(low, shape, "int64", "argmax", kernel, v).load(_idx(len(shape)))
+    arg = reduction(low, shape, "int64", "argmax", kernel, v).load(ivars(len(shape)))
     kh = ir.Op("int64", "floordiv", (arg, ir.Const("int64", kernel[1])))
     kw = ir.Op("int64", "remainder", (arg, ir.Const("int64", kernel[1])))
 
     def plane_pos(d, k):
-        start = _index(out_vars[d] * stride[d] - padding[d])
+        start = index_value(out_vars[d] * stride[d] - padding[d])
         return ir.Op("int64", "add", (start, ir.Op("int64", "mul", (k, ir.Const("int64", dilation[d])))))
 
-    flat = ir.Op("int64", "add", (ir.Op("int64", "mul", (plane_pos(0, kh), _index(x.shape[-1]))), plane_pos(1, kw)))
+    row = ir.Op("int64", "mul", (plane_pos(0, kh), index_value(x.shape[-1])))
+    flat = ir.Op("int64", "add", (row, plane_pos(1, kw)))
     return [values, low.pointwise(shape, "int64", flat)]
 
 
-@register(aten.avg_pool2d)
+@RULES.rule(aten.avg_pool2d)
 def _avg_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     """A sum over the window (padding reads 0) divided by the window's size: counting the padding or not,
     and never counting what lies past the padding (ceil_mode), as PyTorch does."""
-    kernel = _ints(kernel_size, 2)
-    stride, padding = _ints(stride, 2) or kernel, _ints(padding, 2)
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    kernel = ints(kernel_size, 2)
+    stride, padding = ints(stride, 2) or kernel, ints(padding, 2)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     lead = len(x.shape) - 2
     out_vars = [ir.ivar(lead + d) for d in range(2)]
     k_vars = [ir.rvar(d) for d in range(2)]
-    last = _last(out_vars, shape[lead:], k_vars, kernel)
-    positions = _positions(out_vars, k_vars, stride, padding, [1, 1])
+    last = window_last(out_vars, shape[lead:], k_vars, kernel)
+    positions = window_positions(out_vars, k_vars, stride, padding, [1, 1])
     v = window_load(x, [ir.ivar(k) for k in range(lead)], positions, 0, out, last)
-    total = reduction(low, shape, out, "sum", kernel, v).load(_idx(len(shape)))
+    total = reduction(low, shape, out, "sum", kernel, v).load(ivars(len(shape)))
     if divisor_override:
         count = ir.Const(out, float(divisor_override))
     else:
@@ -208,15 +200,15 @@ def _avg_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, ceil_mode=
             if not count_include_pad:
                 start, end = sympy.Max(start, 0), sympy.Min(end, size)
             n = n * (end - start)
-        count = _cast(_index(n), out)
+        count = cast(index_value(n), out)
     return low.pointwise(shape, out, ir.Op(out, "div", (total, count)))
 
 
-@register(aten._adaptive_avg_pool2d, aten.adaptive_avg_pool2d)
+@RULES.rule(aten._adaptive_avg_pool2d, aten.adaptive_avg_pool2d)
 def _adaptive_avg_pool2d(low, node, val, x, output_size):
     """Output o of a dim of size I averages [floor(o*I/O), ceil((o+1)*I/O)): a reduction over the widest
     window, masked to each output's own."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     lead = len(x.shape) - 2
     idx, conds, widths, count = [ir.ivar(k) for k in range(lead)], [], [], sympy.Integer(1)
     for d in range(2):
@@ -233,34 +225,34 @@ def _adaptive_avg_pool2d(low, node, val, x, output_size):
         start, end = FloorDiv(o * size, n_out), FloorDiv((o + 1) * size + n_out - 1, n_out)
         widths.append(max(-(-(j + 1) * size // n_out) - (j * size // n_out) for j in range(n_out)))
         idx.append(sympy.Min(start + r, size - 1))
-        conds.append(ir.Op("bool", "lt", (_index(r), _index(end - start))))
+        conds.append(ir.Op("bool", "lt", (index_value(r), index_value(end - start))))
         count = count * (end - start)
-    v = _cast(x.load(idx), out)
-    cond = _and(conds)
+    v = cast(x.load(idx), out)
+    cond = all_of(conds)
     body = v if cond is None else ir.Op(out, "where", (cond, v, ir.Const(out, 0)))
-    total = reduction(low, shape, out, "sum", widths, body).load(_idx(len(shape)))
-    return low.pointwise(shape, out, ir.Op(out, "div", (total, _cast(_index(count), out))))
+    total = reduction(low, shape, out, "sum", widths, body).load(ivars(len(shape)))
+    return low.pointwise(shape, out, ir.Op(out, "div", (total, cast(index_value(count), out))))
 
 
-@register(aten._native_batch_norm_legit_no_training)
+@RULES.rule(aten._native_batch_norm_legit_no_training)
 def _batch_norm_eval(low, node, val, x, weight, bias, mean, var, momentum, eps):
     """Eval-mode batch norm as y = x * scale[c] + shift[c]: scale and shift are computed once per call from the
     running statistics (C elements), and the per-element part is two ops that fusion moves into the producer's
     kernel (a convolution's epilogue). For 16-bit floats scale, shift and x * scale + shift stay in float32 and
     round once at the output, as PyTorch's CPU kernel does (rounding scale/shift too is a few ulp off eager)."""
-    shape, out = _shape(low, val[0]), torch_dtype_name(val[0].dtype)
+    shape, out = shape_of(low, val[0]), torch_dtype_name(val[0].dtype)
     acc = ir.compute_dtype(out)
     c = (mean.shape[0],)
     i = (ir.ivar(0),)
-    scale = ir.Op(acc, "rsqrt", (ir.Op(acc, "add", (_cast(var.load(i), acc), ir.Const(acc, float(eps)))),))
+    scale = ir.Op(acc, "rsqrt", (ir.Op(acc, "add", (cast(var.load(i), acc), ir.Const(acc, float(eps)))),))
     if weight is not None:
-        scale = ir.Op(acc, "mul", (scale, _cast(weight.load(i), acc)))
+        scale = ir.Op(acc, "mul", (scale, cast(weight.load(i), acc)))
     scale = low.pointwise(c, acc, scale)
-    shift = ir.Op(acc, "neg", (ir.Op(acc, "mul", (_cast(mean.load(i), acc), scale.load(i))),))
+    shift = ir.Op(acc, "neg", (ir.Op(acc, "mul", (cast(mean.load(i), acc), scale.load(i))),))
     if bias is not None:
-        shift = ir.Op(acc, "add", (shift, _cast(bias.load(i), acc)))
+        shift = ir.Op(acc, "add", (shift, cast(bias.load(i), acc)))
     shift = low.pointwise(c, acc, shift)
     ch = [ir.ivar(1)] if len(shape) > 1 else [ir.ivar(0)]
-    y = ir.Op(acc, "add", (ir.Op(acc, "mul", (_cast(x.load(_idx(len(shape))), acc), scale.load(ch))),
+    y = ir.Op(acc, "add", (ir.Op(acc, "mul", (cast(x.load(ivars(len(shape))), acc), scale.load(ch))),
                            shift.load(ch)))
-    return [low.pointwise(shape, out, _cast(y, out)), None, None]
+    return [low.pointwise(shape, out, cast(y, out)), None, None]

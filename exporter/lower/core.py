@@ -1,290 +1,34 @@
-"""Lowering: the decomposed FX graph → a loop-IR Program, one node per op; views become index arithmetic.
+"""Lowering's entry: the rule table of each pipeline, composed explicitly, and ``lower(captured, rules)``.
 
-Per-op rules live in lower_ops.py, registered with ``@register(op, ...)``. A rule receives the Lowering context
-and the op's arguments (FX nodes replaced by TensorRefs, sizes by sympy expressions) and returns a TensorRef.
+    INFERENCE_RULES   ops, reduce, conv, create, index, layout    every graph of an inference export
+    TRAINING_RULES    INFERENCE_RULES + grad, grad_conv           the training forward and backward graphs
+
+A pipeline passes its table as a value; nothing is registered by importing a module, so lowering an op gives the
+same IR whatever was exported before in this process. Next: schedule/fuse.py turns the Program into kernels.
 """
 
 from __future__ import annotations
 
-import operator
-import re
-from dataclasses import dataclass, replace
-
-import sympy
-import torch
-from torch.export.graph_signature import InputKind, OutputKind
-from torch.utils._sympy.functions import FloorDiv
-
+from tcexport.exporter.front.capture import Captured
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.front.capture import Captured, to_sympy
-from tcexport.exporter.errors import CaptureError, UnsupportedOpError
+from tcexport.exporter.lower import conv, create, grad, grad_conv, index, layout, ops, reduce
+from tcexport.exporter.lower.context import Lowering
+from tcexport.exporter.lower.rules import RuleTable, compose
 
-TORCH_DTYPES = {
-    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-    torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8",
-    torch.bool: "bool",
-}
-
-LOWERINGS: dict = {}
+INFERENCE_RULES = compose("inference", ops.RULES, reduce.RULES, conv.RULES, create.RULES, index.RULES,
+                          layout.RULES)
+TRAINING_RULES = compose("training", INFERENCE_RULES, grad.RULES, grad_conv.RULES)
 
 
-def register(*ops):
-    def deco(fn):
-        for op in ops:
-            LOWERINGS[op] = fn
-        return fn
-    return deco
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    """A tensor as lowering sees it: a view of a buffer. ``index`` gives the buffer index for the view
-    position (i0, i1, ...); a contiguous full view has index == (i0, i1, ...)."""
-
-    buffer: ir.Buffer
-    shape: tuple
-    index: tuple
-
-    @property
-    def dtype(self) -> str:
-        return self.buffer.dtype
-
-    def load(self, idx) -> ir.Load:
-        mapping = {ir.ivar(k): sympy.sympify(e) for k, e in enumerate(idx)}
-        return ir.Load(self.dtype, self.buffer.name,
-                       tuple(sympy.sympify(e).xreplace(mapping) for e in self.index))
-
-    def is_identity(self) -> bool:
-        return tuple(self.index) == tuple(ir.ivar(k) for k in range(len(self.shape))) \
-            and tuple(self.shape) == tuple(self.buffer.shape)
-
-
-def identity_ref(buf: ir.Buffer) -> TensorRef:
-    return TensorRef(buf, tuple(buf.shape), tuple(ir.ivar(k) for k in range(len(buf.shape))))
-
-
-def torch_dtype_name(dtype) -> str:
-    try:
-        return TORCH_DTYPES[dtype]
-    except KeyError:
-        raise UnsupportedOpError(f"dtype {dtype} is not supported yet (supported: {sorted(TORCH_DTYPES.values())})",
-                                 op=str(dtype)) from None
-
-
-_FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
-
-
-def source_of(node: torch.fx.Node, model_file: str | None) -> str | None:
-    """The user's source line for a node: the innermost frame in the model file, else the innermost frame."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = list(_FRAME_RE.finditer(trace))
-    if not frames:
-        return None
-    pick = frames[-1]
-    if model_file:
-        mine = [f for f in frames if f["file"].endswith(str(model_file).split("/")[-1])]
-        pick = mine[-1] if mine else pick
-    return f'{pick["file"]}:{pick["line"]} in {pick["fn"]}: {pick["code"].strip()}'
-
-
-class Lowering:
-    def __init__(self, captured: Captured):
-        self.cap = captured
-        self.buffers: dict[str, ir.Buffer] = {}
-        self.nodes: list[ir.Node] = []
-        self.current: torch.fx.Node | None = None
-        self.public_names: dict[str, str] = {}  # buffer name -> the name users see (input, weight key, output)
-        self.weight_values: dict[str, torch.Tensor] = {}
-        self._count = 0
-
-    # --- building blocks used by the op rules -------------------------------------------------------------
-
-    def fresh(self, prefix: str) -> str:
-        self._count += 1
-        return f"{prefix}{self._count}"
-
-    def new_buffer(self, dtype: str, shape, kind: str = "temp", name: str | None = None) -> ir.Buffer:
-        name = name or self.fresh("buf")
-        buf = ir.Buffer(name, dtype, tuple(sympy.sympify(s) for s in shape), kind)
-        self.buffers[name] = buf
-        return buf
-
-    def source(self) -> str | None:
-        return source_of(self.current, self.cap.model_file) if self.current is not None else None
-
-    def pointwise(self, shape, dtype: str, body: ir.Value) -> TensorRef:
-        """A node computing ``body`` (a value over i0, i1, ...) at every position of ``shape``."""
-        buf = self.new_buffer(dtype, shape)
-        self.nodes.append(ir.Node(self.fresh("n"), "pointwise", buf, body=body, source=self.source()))
-        return identity_ref(buf)
-
-    def reduction(self, shape, dtype: str, op: str, reduce_ranges, body: ir.Value) -> TensorRef:
-        buf = self.new_buffer(dtype, shape)
-        self.nodes.append(ir.Node(self.fresh("n"), "reduction", buf, body=body, reduce_op=op,
-                                  reduce_ranges=tuple(reduce_ranges), source=self.source()))
-        return identity_ref(buf)
-
-    def realize(self, ref: TensorRef) -> TensorRef:
-        """A contiguous copy of a view (for consumers that need real strides, e.g. GEMM or outputs)."""
-        idx = tuple(ir.ivar(k) for k in range(len(ref.shape)))
-        return self.pointwise(ref.shape, ref.dtype, ref.load(idx))
-
-    def unsupported(self, what: str) -> UnsupportedOpError:
-        src = self.source()
-        where = f"\n  at {src}" if src else ""
-        return UnsupportedOpError(f"cannot export {what}{where}\nThis op (or this use of it) has no lowering yet; "
-                                  f"rewrite that line with supported ops or file an issue with this message.",
-                                  op=what, source=src)
-
-    # --- the walk -----------------------------------------------------------------------------------------
-
-    def run(self) -> ir.Program:
-        ep = self.cap.program
-        env: dict = {}
-        inputs, weights = [], []
-        kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
-        user_k = 0
-        for node in ep.graph.nodes:
-            self.current = node
-            if node.op == "placeholder":
-                spec = kinds[node.name]
-                val = node.meta["val"]
-                shape = tuple(to_sympy(s, self.cap.rename) for s in val.shape)
-                dtype = torch_dtype_name(val.dtype)
-                if spec.kind == InputKind.USER_INPUT:
-                    name = self.cap.input_names[user_k] if user_k < len(self.cap.input_names) else node.name
-                    user_k += 1
-                    buf = self.new_buffer(dtype, shape, "input", name=_c_name("in_", name))
-                    inputs.append(buf.name)
-                    self.public_names[buf.name] = name
-                elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-                    key = spec.target
-                    tensor = ep.state_dict.get(key) if key in ep.state_dict else ep.constants.get(key)
-                    if tensor is None:
-                        raise CaptureError(f"weight {key!r} has no value in the exported program")
-                    buf = self.new_buffer(dtype, shape, "weight", name=_c_name("w_", key))
-                    weights.append(buf.name)
-                    self.public_names[buf.name] = key
-                    self.weight_values[buf.name] = tensor.detach()
-                else:
-                    raise self.unsupported(f"input of kind {spec.kind.name} ({node.name})")
-                env[node] = identity_ref(buf)
-            elif node.op == "call_function":
-                env[node] = self.call(node, env)
-            elif node.op == "output":
-                outputs = self.finish_outputs(node, env)
-        self.current = None
-        prog = ir.Program(self.buffers, self.nodes, inputs, weights, outputs)
-        eliminate_dead_nodes(prog)
-        return prog
-
-    def call(self, node: torch.fx.Node, env):
-        def resolve(a):
-            if isinstance(a, torch.fx.Node):
-                return env[a]
-            if isinstance(a, (list, tuple)):
-                return type(a)(resolve(x) for x in a)
-            if isinstance(a, torch.SymInt):
-                return to_sympy(a, self.cap.rename)
-            return a
-
-        args, kwargs = resolve(node.args), {k: resolve(v) for k, v in node.kwargs.items()}
-        target = node.target
-        if target in _SYM_OPS:
-            return _SYM_OPS[target](*args)
-        rule = LOWERINGS.get(target)
-        if rule is None and hasattr(target, "overloadpacket"):
-            rule = LOWERINGS.get(target.overloadpacket)
-        if rule is None:
-            raise self.unsupported(f"op {_op_name(target)}")
-        val = node.meta.get("val")
-        try:
-            return rule(self, node, val, *args, **kwargs)
-        except UnsupportedOpError:
-            raise
-        except NotImplementedError as e:
-            raise self.unsupported(f"op {_op_name(target)} ({e})") from e
-
-    def finish_outputs(self, node, env) -> list[str]:
-        ep = self.cap.program
-        specs = ep.graph_signature.output_specs
-        for s in specs:
-            if s.kind != OutputKind.USER_OUTPUT:
-                raise self.unsupported(f"output of kind {s.kind.name} (in-place mutation of a buffer or input)")
-        refs = [env[a] if isinstance(a, torch.fx.Node) else a for a in node.args[0]]
-        names, used = [], set()
-        for k, ref in enumerate(refs):
-            if not isinstance(ref, TensorRef):
-                raise self.unsupported(f"non-tensor output #{k} ({type(ref).__name__})")
-            out_name = "output" if len(refs) == 1 else f"output{k}"
-            if not ref.is_identity() or ref.buffer.kind != "temp" or ref.buffer.name in used:
-                ref = self.realize(ref)
-            buf, old = ref.buffer, ref.buffer.name
-            del self.buffers[old]
-            buf.name, buf.kind = _c_name("out_", out_name), "output"
-            self.buffers[buf.name] = buf
-            _rename_loads(self.nodes, old, buf.name)
-            names.append(buf.name)
-            used.add(buf.name)
-            self.public_names[buf.name] = out_name
-        return names
-
-
-def _rename_loads(nodes, old: str, new: str) -> None:
-    """Every read of buffer ``old`` now reads ``new``: in node bodies and in GEMM operands (an output that a
-    later GEMM also reads: attention probabilities returned, a training forward's saved activations)."""
-    for n in nodes:
-        if n.body is not None:
-            n.body = ir.rename_buffer(n.body, old, new)
-        if n.gemm is not None:
-            for side in ("a", "b"):
-                op = getattr(n.gemm, side)
-                if op.buffer == old:
-                    setattr(n.gemm, side, replace(op, buffer=new))
-
-
-def _c_name(prefix: str, name: str) -> str:
-    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", name)
-
-
-def _op_name(target) -> str:
-    name = getattr(target, "__name__", str(target))
-    ns = getattr(target, "namespace", None)
-    return f"{ns}.{name}" if ns else str(target)
-
-
-_SYM_OPS = {
-    torch.ops.aten.sym_size.int: lambda ref, d: ref.shape[d],
-    operator.add: lambda a, b: a + b, operator.sub: lambda a, b: a - b, operator.mul: lambda a, b: a * b,
-    operator.floordiv: lambda a, b: FloorDiv(a, b), operator.neg: lambda a: -a,
-    operator.getitem: lambda a, k: a[k],
-    torch.sym_float: lambda a: a,  # a size used as a float (layer_norm over a symbolic dim): still exact
-}
-
-
-def eliminate_dead_nodes(prog: ir.Program) -> None:
-    live = set(prog.outputs)
-    keep = []
-    for n in reversed(prog.nodes):
-        if n.out.name in live:
-            keep.append(n)
-            live |= n.inputs()
-    prog.nodes[:] = list(reversed(keep))
-    written = {n.out.name for n in prog.nodes} | set(prog.inputs) | set(prog.weights)
-    for name in list(prog.buffers):
-        if name not in written:
-            del prog.buffers[name]
-
-
-def lower(captured: Captured) -> tuple[ir.Program, Lowering]:
-    from tcexport.exporter.lower import conv as lower_conv  # noqa: F401 (rules)
-    from tcexport.exporter.lower import create as lower_create  # noqa: F401 (rules)
-    from tcexport.exporter.lower import index as lower_index  # noqa: F401 (rules)
-    from tcexport.exporter.lower import layout as lower_layout  # noqa: F401 (rules)
-    from tcexport.exporter.lower import ops as lower_ops  # noqa: F401 (rules)
-    from tcexport.exporter.lower import reduce as lower_reduce  # noqa: F401 (rules)
-
-    low = Lowering(captured)
+def lower(captured: Captured, rules: RuleTable) -> tuple[ir.Program, Lowering]:
+    """``captured``'s graph as a loop-IR Program (dead nodes removed, symbols with their ranges), and the
+    Lowering that built it (public names and weight values, which packaging reads)."""
+    low = Lowering(captured, rules)
     prog = low.run()
     prog.symbols = [ir.SymbolInfo(s.name, s.min, s.max) for s in captured.symbols.values()]
     return prog, low
+
+
+def lower_inference(captured: Captured) -> tuple[ir.Program, Lowering]:
+    """``lower`` with the inference rules: the lowering of an inference graph."""
+    return lower(captured, INFERENCE_RULES)

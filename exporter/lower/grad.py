@@ -1,6 +1,7 @@
 """Lowering rules for ops that only backward graphs contain: the accumulating ``index_put`` an embedding's
-backward scatters with, the ``scatter`` of nll_loss's backward, two small helpers of decompositions, and (in
-lower_grad_conv.py) the backward of convolution and max pooling.
+backward scatters with, the ``scatter`` of nll_loss's backward, a small helper of decompositions, and (in
+grad_conv.py) the backward of convolution and max pooling. ``~x`` (the masks decompositions build) is ops.py's
+rule in both pipelines; core.py composes these tables into TRAINING_RULES.
 
 Each is written as a gather, as every IR node is: an output element reads the elements that contribute to it.
 A scatter-add into row v sums, over every index position, the value there if its index is v (cost: rows ×
@@ -13,18 +14,19 @@ import sympy
 import torch
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.lower.core import register, torch_dtype_name
-from tcexport.exporter.lower.conv import _index
-from tcexport.exporter.lower.create import _filled
-from tcexport.exporter.lower.grad_conv import _masked
-from tcexport.exporter.lower.index import _wrapped
-from tcexport.exporter.lower.ops import _cast, _idx, _shape
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import torch_dtype_name
+from tcexport.exporter.lower.create import filled
+from tcexport.exporter.lower.grad_conv import masked
+from tcexport.exporter.lower.index import wrapped
 from tcexport.exporter.lower.reduce import reduction
+from tcexport.exporter.lower.values import cast, index_value, ivars, shape_of
 
 aten = torch.ops.aten
+RULES = RuleTable("tcexport.exporter.lower.grad")
 
 
-@register(aten.index_put)
+@RULES.rule(aten.index_put)
 def _index_put(low, node, val, base, indices, values, accumulate=False):
     """``base.index_put([idx], values, accumulate=True)``: row v of the result is base's row v plus the sum of
     the value rows whose index is v (negative indices wrap). The only form backward graphs produce (an
@@ -32,7 +34,7 @@ def _index_put(low, node, val, base, indices, values, accumulate=False):
     if not accumulate or len(indices) != 1 or indices[0] is None:
         raise NotImplementedError("index_put other than accumulating with one index tensor on dim 0")
     idx = indices[0]
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     p, rest = len(idx.shape), len(shape) - 1
     r_vars = [ir.rvar(k) for k in range(p)]
@@ -41,35 +43,26 @@ def _index_put(low, node, val, base, indices, values, accumulate=False):
     offset = len(target) - len(values.shape)
     v_idx = [sympy.Integer(0) if size == 1 and target[d + offset] != 1 else position[d + offset]
              for d, size in enumerate(values.shape)]
-    hit = ir.Op("bool", "eq", (_wrapped(idx.load(r_vars), shape[0]), _index(ir.ivar(0))))
-    body = _masked(hit, _cast(values.load(v_idx), acc), acc)
-    total = reduction(low, shape, acc, "sum", list(idx.shape), body).load(_idx(len(shape)))
-    result = ir.Op(acc, "add", (_cast(base.load(_idx(len(shape))), acc), total))
-    return low.pointwise(shape, out, _cast(result, out))
+    hit = ir.Op("bool", "eq", (wrapped(idx.load(r_vars), shape[0]), index_value(ir.ivar(0))))
+    body = masked(hit, cast(values.load(v_idx), acc), acc)
+    total = reduction(low, shape, acc, "sum", list(idx.shape), body).load(ivars(len(shape)))
+    result = ir.Op(acc, "add", (cast(base.load(ivars(len(shape))), acc), total))
+    return low.pointwise(shape, out, cast(result, out))
 
 
-@register(aten.bitwise_not)
-def _bitwise_not(low, node, val, x):
-    """``~x``: logical not for bool (the masks decompositions build), all bits flipped for integers."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    v = x.load(_idx(len(shape)))
-    body = ir.Op("bool", "logical_not", (v,)) if out == "bool" else ir.Op(out, "bitxor", (v, ir.Const(out, -1)))
-    return low.pointwise(shape, out, body)
-
-
-@register(aten.empty_permuted)
+@RULES.rule(aten.empty_permuted)
 def _empty_permuted(low, node, val, *args, **kw):
     """An uninitialised tensor (a decomposition fills it next): zeros, like the other ``empty`` ops."""
-    return _filled(low, val, 0)
+    return filled(low, val, 0)
 
 
-@register(aten.scatter)
+@RULES.rule(aten.scatter)
 def _scatter(low, node, val, base, dim, index, value=None, *rest, **kw):
     """``base.scatter(dim, index, value)`` with a scalar value (what nll_loss's backward builds): element i is
     ``value`` where some index entry along ``dim`` at i's other coordinates names i's position, else base's."""
     if node.target is not aten.scatter.value or rest or kw:
         raise NotImplementedError("scatter other than scatter(dim, index, scalar value)")
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     rank = len(shape)
     dim %= max(rank, 1)
     for d in range(rank):
@@ -78,7 +71,7 @@ def _scatter(low, node, val, base, dim, index, value=None, *rest, **kw):
     at = [ir.rvar(0) if d == dim else ir.ivar(d) for d in range(rank)]
     entry = index.load(at)
     entry = entry if entry.dtype == "int64" else ir.Op("int64", "cast", (entry,))
-    hit = ir.Op("bool", "eq", (_wrapped(entry, shape[dim]), _index(ir.ivar(dim))))
-    any_hit = reduction(low, shape, "bool", "max", [index.shape[dim]], hit).load(_idx(rank))
-    body = ir.Op(out, "where", (any_hit, ir.Const(out, value), base.load(_idx(rank))))
+    hit = ir.Op("bool", "eq", (wrapped(entry, shape[dim]), index_value(ir.ivar(dim))))
+    any_hit = reduction(low, shape, "bool", "max", [index.shape[dim]], hit).load(ivars(rank))
+    body = ir.Op(out, "where", (any_hit, ir.Const(out, value), base.load(ivars(rank))))
     return low.pointwise(shape, out, body)

@@ -16,12 +16,14 @@ import torch
 from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.lower.core import TensorRef, identity_ref, register, torch_dtype_name
-from tcexport.exporter.lower.conv import _and, _index, _ints, _last, _positions, window_load
-from tcexport.exporter.lower.ops import _cast, _idx, _shape
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import TensorRef, identity_ref, torch_dtype_name
+from tcexport.exporter.lower.conv import ints, window_last, window_load, window_positions
 from tcexport.exporter.lower.reduce import reduction
+from tcexport.exporter.lower.values import all_of, cast, index_value, ivars, shape_of
 
 aten = torch.ops.aten
+RULES = RuleTable("tcexport.exporter.lower.grad_conv")
 
 
 def _bounds(e, last: dict) -> tuple:
@@ -45,12 +47,12 @@ def _tap(num, stride: int, size, last: dict) -> tuple:
     conds = []
     o = num if stride == 1 else FloorDiv(num, stride)
     if stride != 1:
-        conds.append(ir.Op("bool", "eq", (_index(sympy.Mod(num, stride)), ir.Const("int64", 0))))
+        conds.append(ir.Op("bool", "eq", (index_value(sympy.Mod(num, stride)), ir.Const("int64", 0))))
     if not lo.is_nonnegative:
-        conds.append(ir.Op("bool", "ge", (_index(num), ir.Const("int64", 0))))
+        conds.append(ir.Op("bool", "ge", (index_value(num), ir.Const("int64", 0))))
         o = sympy.Max(o, 0)
     if not sympy.expand(size * stride - 1 - hi).is_nonnegative:
-        conds.append(ir.Op("bool", "lt", (_index(num), _index(size * stride))))
+        conds.append(ir.Op("bool", "lt", (index_value(num), index_value(size * stride))))
         o = sympy.Min(o, size - 1)
     return o, conds
 
@@ -69,21 +71,21 @@ def _taps(h_vars, k_vars, geo, o_sizes, last: dict) -> tuple[list, list]:
 
 def _rounded(low, ref: TensorRef, out: str) -> TensorRef:
     """A gradient accumulated in its compute dtype, as the ``out`` dtype (16-bit floats rounded once, here)."""
-    return ref if ref.dtype == out else low.pointwise(ref.shape, out, _cast(ref.load(_idx(len(ref.shape))), out))
+    return ref if ref.dtype == out else low.pointwise(ref.shape, out, cast(ref.load(ivars(len(ref.shape))), out))
 
 
-def _masked(cond, value: ir.Value, dtype: str) -> ir.Value:
+def masked(cond, value: ir.Value, dtype: str) -> ir.Value:
     return value if cond is None else ir.Op(dtype, "where", (cond, value, ir.Const(dtype, 0)))
 
 
-@register(aten.convolution_backward)
+@RULES.rule(aten.convolution_backward)
 def _convolution_backward(low, node, val, grad_out, x, w, bias_sizes, stride, padding, dilation, transposed,
                           output_padding, groups, output_mask):
     """(grad_input, grad_weight, grad_bias) of a convolution; None where output_mask says unused."""
     if transposed:
         raise NotImplementedError("backward of a transposed convolution")
     nsp = len(w.shape) - 2
-    geo = (_ints(stride, nsp), _ints(padding, nsp), _ints(dilation, nsp))
+    geo = (ints(stride, nsp), ints(padding, nsp), ints(dilation, nsp))
     results = [None, None, None]
     gemm = groups == 1 and ir.compute_dtype(torch_dtype_name(val[0 if output_mask[0] else 1].dtype)) in (
         "float32", "float64") if (output_mask[0] or output_mask[1]) else False
@@ -116,7 +118,7 @@ def _operand(ref: TensorRef, batch_stride, row_stride, col_stride) -> ir.GemmOpe
 
 def _conv_grad_input_gemm(low, val, grad_out, w, geo, groups):
     """Per batch element, patches' gradient dcols[(ci, k), o] = W^T [Cin*K, Cout] @ gout [Cout, O]; then col2im."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
     lead = len(shape) - nsp - 1
@@ -127,18 +129,18 @@ def _conv_grad_input_gemm(low, val, grad_out, w, geo, groups):
                   _operand(grad_out, cout * op if lead else 0, op, 1), batch, cin * kp, op, cout)
     h_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     k_vars = [ir.rvar(d) for d in range(nsp)]
-    last = _last(h_vars, shape[lead + 1:], k_vars, kernel)
+    last = window_last(h_vars, shape[lead + 1:], k_vars, kernel)
     taps, conds = _taps(h_vars, k_vars, geo, o_sizes, last)
     k_flat, o_flat = _flat(k_vars, kernel), _flat(taps, o_sizes)
     v = dcols.load([ir.ivar(0) if lead else 0, ir.ivar(lead) * kp + k_flat, o_flat])
-    total = reduction(low, shape, acc, "sum", kernel, _masked(_and(conds), v, acc))
+    total = reduction(low, shape, acc, "sum", kernel, masked(all_of(conds), v, acc))
     return _rounded(low, total, out)
 
 
 def _conv_grad_weight_gemm(low, val, grad_out, x, w, geo, groups):
     """gw [Cout, Cin*K] = gout^T [Cout, N*O] @ im2col(x) [N*O, Cin*K] (patches zero where they read padding)."""
     stride, padding, dilation = geo
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
     lead = len(x.shape) - nsp - 1
@@ -147,9 +149,9 @@ def _conv_grad_weight_gemm(low, val, grad_out, x, w, geo, groups):
     n = list(grad_out.shape[:lead])
     o_vars = [ir.ivar(lead + d) for d in range(nsp)]
     k_vars = [ir.ivar(lead + nsp + 1 + d) for d in range(nsp)]
-    last = _last(o_vars, o_sizes, k_vars, kernel)
+    last = window_last(o_vars, o_sizes, k_vars, kernel)
     patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead + nsp)],
-                        _positions(o_vars, k_vars, stride, padding, dilation), 0, acc, last)
+                        window_positions(o_vars, k_vars, stride, padding, dilation), 0, acc, last)
     cols = low.pointwise(tuple(n + o_sizes + [cin] + kernel), acc, patch)
     if lead:  # gout as [Cout, N, O...]: the GEMM's rows must be one stride apart
         g_t = grad_out.load([ir.ivar(1), ir.ivar(0)] + [ir.ivar(2 + d) for d in range(nsp)])
@@ -172,7 +174,7 @@ def _flat(vars_, sizes) -> sympy.Expr:
 
 def _conv_grad_input(low, val, grad_out, w, geo, groups):
     """gx[n, c, h...] = sum over (co of c's group, k...) of gout[n, co, (h + p - k*d) / s] * w[co, c % Cg, k...]."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
     lead = len(shape) - nsp - 1
@@ -182,18 +184,18 @@ def _conv_grad_input(low, val, grad_out, w, geo, groups):
     ci = c if groups == 1 else c - FloorDiv(c, cg) * cg
     h_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     k_vars = [ir.rvar(1 + d) for d in range(nsp)]
-    last = _last(h_vars, shape[lead + 1:], k_vars, w.shape[2:])
+    last = window_last(h_vars, shape[lead + 1:], k_vars, w.shape[2:])
     taps, conds = _taps(h_vars, k_vars, geo, list(grad_out.shape[lead + 1:]), last)
-    g = _cast(grad_out.load([ir.ivar(0)] * lead + [co] + taps), acc)
-    body = ir.Op(acc, "mul", (g, _cast(w.load([co, ci] + k_vars), acc)))
-    total = reduction(low, shape, acc, "sum", [cog] + list(w.shape[2:]), _masked(_and(conds), body, acc))
+    g = cast(grad_out.load([ir.ivar(0)] * lead + [co] + taps), acc)
+    body = ir.Op(acc, "mul", (g, cast(w.load([co, ci] + k_vars), acc)))
+    total = reduction(low, shape, acc, "sum", [cog] + list(w.shape[2:]), masked(all_of(conds), body, acc))
     return _rounded(low, total, out)
 
 
 def _conv_grad_weight(low, val, grad_out, x, w, geo, groups):
     """gw[co, ci, k...] = sum over (n, o...) of gout[n, co, o...] * x[n, g*Cg + ci, o*s - p + k*d]."""
     stride, padding, dilation = geo
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     nsp = len(w.shape) - 2
     lead = len(x.shape) - nsp - 1
@@ -203,10 +205,10 @@ def _conv_grad_weight(low, val, grad_out, x, w, geo, groups):
     o_vars = [ir.rvar(lead + d) for d in range(nsp)]
     k_vars = [ir.ivar(2 + d) for d in range(nsp)]
     o_sizes = list(grad_out.shape[lead + 1:])
-    last = _last(o_vars, o_sizes, k_vars, w.shape[2:])
+    last = window_last(o_vars, o_sizes, k_vars, w.shape[2:])
     batch = [ir.rvar(0)] * lead
-    xv = window_load(x, batch + [cin], _positions(o_vars, k_vars, stride, padding, dilation), 0, acc, last)
-    g = _cast(grad_out.load(batch + [co] + o_vars), acc)
+    xv = window_load(x, batch + [cin], window_positions(o_vars, k_vars, stride, padding, dilation), 0, acc, last)
+    g = cast(grad_out.load(batch + [co] + o_vars), acc)
     ranges = list(grad_out.shape[:lead]) + o_sizes
     total = reduction(low, shape, acc, "sum", ranges, ir.Op(acc, "mul", (g, xv)))
     return _rounded(low, total, out)
@@ -214,7 +216,7 @@ def _conv_grad_weight(low, val, grad_out, x, w, geo, groups):
 
 def _conv_grad_bias(low, val, grad_out, nsp: int):
     """gb[co] = sum over every other dim of gout."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     lead = len(grad_out.shape) - nsp - 1
     rest = [d for d in range(len(grad_out.shape)) if d != lead]
@@ -225,24 +227,24 @@ def _conv_grad_bias(low, val, grad_out, nsp: int):
         else:
             idx.append(ir.rvar(r))
             r += 1
-    total = reduction(low, shape, acc, "sum", [grad_out.shape[d] for d in rest], _cast(grad_out.load(idx), acc))
+    total = reduction(low, shape, acc, "sum", [grad_out.shape[d] for d in rest], cast(grad_out.load(idx), acc))
     return _rounded(low, total, out)
 
 
-@register(aten.max_pool2d_with_indices_backward)
+@RULES.rule(aten.max_pool2d_with_indices_backward)
 def _max_pool2d_backward(low, node, val, grad_out, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     """gx[.., h, w] = sum over the window taps (kh, kw) of gout[.., oh, ow] where (oh, ow) is the window that
     tap belongs to and its recorded argmax (``indices``, a flat position in the plane) is (h, w). Windows that
     tile the plane (stride = kernel, no padding or dilation) hold each position once: no sum, one tap."""
-    kernel = _ints(kernel_size, 2)
-    stride, padding, dilation = _ints(stride, 2) or kernel, _ints(padding, 2), _ints(dilation, 2)
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    kernel = ints(kernel_size, 2)
+    stride, padding, dilation = ints(stride, 2) or kernel, ints(padding, 2), ints(dilation, 2)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     lead = len(shape) - 2
     h_vars = [ir.ivar(lead + d) for d in range(2)]
     tiled = stride == kernel and padding == [0, 0] and dilation == [1, 1]
     k_vars = [ir.rvar(d) for d in range(2)]
-    last = _last(h_vars, shape[lead:], k_vars, kernel)
+    last = window_last(h_vars, shape[lead:], k_vars, kernel)
     taps, conds = [], []
     for d in range(2):
         if tiled:
@@ -253,12 +255,12 @@ def _max_pool2d_backward(low, node, val, grad_out, x, kernel_size, stride, paddi
         taps.append(o)
         conds += cond
     at = [ir.ivar(k) for k in range(lead)] + taps
-    flat = _index(h_vars[0] * shape[lead + 1] + h_vars[1])
+    flat = index_value(h_vars[0] * shape[lead + 1] + h_vars[1])
     conds.append(ir.Op("bool", "eq", (ir.Op("int64", "cast", (indices.load(at),)) if indices.dtype != "int64"
                                       else indices.load(at), flat)))
-    body = _masked(_and(conds), _cast(grad_out.load(at), acc), acc)
+    body = masked(all_of(conds), cast(grad_out.load(at), acc), acc)
     if tiled:
-        return low.pointwise(shape, out, _cast(body, out))
+        return low.pointwise(shape, out, cast(body, out))
     total = reduction(low, shape, acc, "sum", kernel, body)
     return _rounded(low, total, out)
 
@@ -268,4 +270,5 @@ def _window_of(h, stride: int, size, windows) -> tuple:
     one: a position past the last whole window (floor mode) is in none."""
     if sympy.expand(size - windows * stride) == 0:
         return FloorDiv(h, stride), []
-    return sympy.Min(FloorDiv(h, stride), windows - 1), [ir.Op("bool", "lt", (_index(h), _index(windows * stride)))]
+    inside = ir.Op("bool", "lt", (index_value(h), index_value(windows * stride)))
+    return sympy.Min(FloorDiv(h, stride), windows - 1), [inside]

@@ -11,10 +11,12 @@ import sympy
 import torch
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.lower.core import Lowering, TensorRef, register, torch_dtype_name
-from tcexport.exporter.lower.ops import _idx, _shape
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import Lowering, TensorRef, torch_dtype_name
+from tcexport.exporter.lower.values import ivars, shape_of
 
 aten = torch.ops.aten
+RULES = RuleTable("tcexport.exporter.lower.index")
 
 
 def _load_at(ref: TensorRef, out_shape, first_var: int) -> ir.Value:
@@ -29,7 +31,7 @@ def _int64(v: ir.Value) -> ir.Value:
     return v if v.dtype == "int64" else ir.Op("int64", "cast", (v,))
 
 
-def _wrapped(v: ir.Value, size) -> ir.Value:
+def wrapped(v: ir.Value, size) -> ir.Value:
     """Python-style negative indices: v < 0 means v + size."""
     v = _int64(v)
     neg = ir.Op("bool", "lt", (v, ir.Const("int64", 0)))
@@ -38,7 +40,7 @@ def _wrapped(v: ir.Value, size) -> ir.Value:
 
 def _gather_node(low: Lowering, val, x: TensorRef, index_of_out, sources) -> TensorRef:
     """out[i...] = x[index_of_out] where ``index_of_out`` (x's view dims) may use xk = sources[k]."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     if not x.is_identity():
         x = low.realize(x)
     body = ir.LoadIndirect(x.dtype, x.buffer.name, tuple(sympy.sympify(e) for e in index_of_out),
@@ -46,15 +48,15 @@ def _gather_node(low: Lowering, val, x: TensorRef, index_of_out, sources) -> Ten
     return low.pointwise(shape, out, body if body.dtype == out else ir.Op(out, "cast", (body,)))
 
 
-@register(aten.embedding)
+@RULES.rule(aten.embedding)
 def _embedding(low, node, val, weight, indices, padding_idx=-1, *rest):
     """out[idx..., j] = weight[indices[idx...], j]."""
     n = len(indices.shape)
-    src = indices.load(_idx(n))
+    src = indices.load(ivars(n))
     return _gather_node(low, val, weight, (ir.xvar(0), ir.ivar(n)), [src])
 
 
-@register(aten.index_select)
+@RULES.rule(aten.index_select)
 def _index_select(low, node, val, x, dim, index):
     dim %= max(len(x.shape), 1)
     at = (ir.ivar(dim) if len(val.shape) else sympy.Integer(0),)  # a 0-d x gives a 0-d result
@@ -63,15 +65,15 @@ def _index_select(low, node, val, x, dim, index):
     return _gather_node(low, val, x, pos, [src])
 
 
-@register(aten.gather)
+@RULES.rule(aten.gather)
 def _gather(low, node, val, x, dim, index, sparse_grad=False):
     dim %= max(len(x.shape), 1)
-    src = index.load(_idx(len(index.shape)))
+    src = index.load(ivars(len(index.shape)))
     pos = [ir.xvar(0) if d == dim else ir.ivar(d) for d in range(len(x.shape))]
     return _gather_node(low, val, x, pos, [src])
 
 
-@register(aten.index)
+@RULES.rule(aten.index)
 def _index(low, node, val, x, indices):
     """Advanced indexing with integer index tensors (None keeps a dim). The index tensors broadcast to a
     shape B; B replaces the indexed dims in place when they are adjacent, else it comes first (NumPy rule)."""
@@ -80,7 +82,7 @@ def _index(low, node, val, x, indices):
     for d in used:
         if indices[d].dtype in ("bool", "uint8"):
             raise NotImplementedError("boolean mask indexing (its result size depends on the data)")
-    out_shape = _shape(low, val)
+    out_shape = shape_of(low, val)
     b_rank = max(len(indices[d].shape) for d in used)
     adjacent = used == list(range(used[0], used[-1] + 1))
     b_first = used[0] if adjacent else 0
@@ -91,16 +93,16 @@ def _index(low, node, val, x, indices):
             pos.append(ir.ivar(d if adjacent and d < used[0] else k))
             k += 0 if adjacent and d < used[0] else 1
         else:
-            sources.append(_wrapped(_load_at(indices[d], b_shape, b_first), x.shape[d]))
+            sources.append(wrapped(_load_at(indices[d], b_shape, b_first), x.shape[d]))
             pos.append(ir.xvar(len(sources) - 1))
     return _gather_node(low, val, x, pos, sources)
 
 
-@register(aten.cat)
+@RULES.rule(aten.cat)
 def _cat(low, node, val, tensors, dim=0):
     """A chain of selects on the position along ``dim``; each part is read at a clamped index so the branch
     not taken never reads outside its buffer."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)] or list(tensors[:1])
     dim %= len(shape)
     starts, start = [], sympy.Integer(0)

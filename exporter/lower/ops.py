@@ -1,4 +1,7 @@
-"""Per-op lowering rules: small registered functions from an op's arguments to IR nodes or views."""
+"""Lowering rules for the common ops: elementwise (unary, binary, compare, where, clamp, casts), views (reshape,
+permute, expand, squeeze, slice, select: index arithmetic, no node), GEMM (mm, bmm, addmm; ``gemm`` and
+``gemm_operand`` are shared with conv.py and schedule/fuse.py), and a few creators (full, scalar_tensor, split).
+Each is a small function in this module's ``RULES`` table; core.py composes the tables per pipeline."""
 
 from __future__ import annotations
 
@@ -9,73 +12,21 @@ import torch
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.front.capture import to_sympy
-from tcexport.exporter.lower.core import Lowering, TensorRef, identity_ref, register, torch_dtype_name
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import Lowering, TensorRef, identity_ref, torch_dtype_name
+from tcexport.exporter.lower.values import cast, is_float, ivars, norm_dims, promote, shape_of, value_at, view_of
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-
-def _shape(low: Lowering, val) -> tuple:
-    return tuple(to_sympy(s, low.cap.rename) for s in val.shape)
-
-
-def _idx(rank: int) -> tuple:
-    return tuple(ir.ivar(k) for k in range(rank))
-
-
-def _is_float(dtype: str) -> bool:
-    return dtype in ir.FLOAT_DTYPES
-
-
-def _value(x, out_shape, dtype: str | None) -> ir.Value:
-    """``x`` (a TensorRef or a Python/sympy scalar) loaded at the output position with broadcasting,
-    cast to ``dtype`` when given."""
-    if isinstance(x, TensorRef):
-        rank, offset = len(out_shape), len(out_shape) - len(x.shape)
-        idx = []
-        for d, size in enumerate(x.shape):
-            idx.append(sympy.Integer(0) if size == 1 and out_shape[d + offset] != 1 else ir.ivar(d + offset))
-        v = x.load(idx) if rank else x.load(())
-        return _cast(v, dtype) if dtype else v
-    if isinstance(x, sympy.Expr) and not x.is_number:
-        v = ir.IndexValue("int64", x)
-        return _cast(v, dtype) if dtype else v
-    if isinstance(x, bool):
-        return ir.Const(dtype or "bool", x)
-    if isinstance(x, (int, float, sympy.Number)):
-        x = float(x) if (dtype and _is_float(dtype)) or isinstance(x, float) else int(x)
-        return ir.Const(dtype or ("float32" if isinstance(x, float) else "int64"), x)
-    raise NotImplementedError(f"unsupported argument {x!r}")
-
-
-def _cast(v: ir.Value, dtype: str) -> ir.Value:
-    return v if v.dtype == dtype else ir.Op(dtype, "cast", (v,))
-
-
-PROMOTION_ORDER = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
-
-
-def _promote(*xs) -> str:
-    """Type promotion between operands (tensors win over scalars of the same category; float16 with bfloat16
-    is float32, as in PyTorch)."""
-    tensors = [x.dtype for x in xs if isinstance(x, TensorRef)]
-    best = max(tensors, key=PROMOTION_ORDER.index) if tensors else "float32"
-    if best == "bfloat16" and "float16" in tensors:
-        best = "float32"
-    if any(isinstance(x, float) for x in xs) and not _is_float(best):
-        best = "float32"
-    if any(isinstance(x, int) and not isinstance(x, bool) for x in xs) and best == "bool":
-        best = "int64"
-    return best
+RULES = RuleTable("tcexport.exporter.lower.ops")
 
 
 def _pointwise(low: Lowering, val, op: str, *xs, compute: str | None = None):
-    shape = _shape(low, val)
+    shape = shape_of(low, val)
     out = torch_dtype_name(val.dtype)
     compute = compute or out
-    body = ir.Op(compute, op, tuple(_value(x, shape, compute) for x in xs))
-    return low.pointwise(shape, out, _cast(body, out))
+    body = ir.Op(compute, op, tuple(value_at(x, shape, compute) for x in xs))
+    return low.pointwise(shape, out, cast(body, out))
 
 
 # --- elementwise ----------------------------------------------------------------------------------------------
@@ -104,10 +55,10 @@ def _unary_rule(name):
 
 
 for _name, _ops in UNARY.items():
-    register(*_ops)(_unary_rule(_name))
+    RULES.rule(*_ops)(_unary_rule(_name))
 
 
-@register(aten.bitwise_not)
+@RULES.rule(aten.bitwise_not)
 def _bitwise_not(low, node, val, x):
     """``~x``: logical not on bool (``~mask``), two's-complement not on integers."""
     if torch_dtype_name(val.dtype) == "bool":
@@ -152,8 +103,8 @@ def _power(low, val, x, n: int):
     """x ** n for a small integer n as repeated products: what pow computes, at a fraction of the cost, and
     vectorisable (tanh-GELU's x ** 3, RMSNorm's x ** 2); for integers exactly eager's (wrapping) products, where
     a float pow loses bits (and Triton has no integer pow)."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    v = _value(x, shape, out)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    v = value_at(x, shape, out)
     acc = v
     for _ in range(n - 1):
         acc = ir.Op(out, "mul", (acc, v))
@@ -161,18 +112,18 @@ def _power(low, val, x, n: int):
 
 
 def _scaled_binary(low, val, name, a, b, alpha):
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    bv = ir.Op(out, "mul", (_value(b, shape, out), _value(alpha, shape, out)))
-    return low.pointwise(shape, out, ir.Op(out, name, (_value(a, shape, out), bv)))
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    bv = ir.Op(out, "mul", (value_at(b, shape, out), value_at(alpha, shape, out)))
+    return low.pointwise(shape, out, ir.Op(out, name, (value_at(a, shape, out), bv)))
 
 
 for _name, _ops in BINARY.items():
-    register(*_ops)(_binary_rule(_name))
+    RULES.rule(*_ops)(_binary_rule(_name))
 
 
 def _compare_rule(name):
     def rule(low, node, val, a, b):
-        compute = _promote(a, b)
+        compute = promote(a, b)
         return _pointwise(low, val, name, *(_as_dtype_scalar(x, compute) for x in (a, b)), compute=compute)
     return rule
 
@@ -186,58 +137,52 @@ def _as_dtype_scalar(x, dtype: str):
 
 
 for _name, _ops in COMPARE.items():
-    register(*_ops)(_compare_rule(_name))
+    RULES.rule(*_ops)(_compare_rule(_name))
 
 
-@register(aten.div, prims.div)
+@RULES.rule(aten.div, prims.div)
 def _div(low, node, val, a, b, rounding_mode=None):
     out = torch_dtype_name(val.dtype)
-    if rounding_mode is None and _is_float(out):
+    if rounding_mode is None and is_float(out):
         return _pointwise(low, val, "div", a, b)
-    if node.target is prims.div.default and not _is_float(out):
+    if node.target is prims.div.default and not is_float(out):
         return _pointwise(low, val, "truncdiv", a, b)
     op = {"floor": "floordiv", "trunc": "truncdiv", None: "div"}[rounding_mode]
     return _pointwise(low, val, op, a, b)
 
 
-@register(aten.where, prims.where)
+@RULES.rule(aten.where, prims.where)
 def _where(low, node, val, cond, a, b):
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    return low.pointwise(shape, out, ir.Op(out, "where", (_value(cond, shape, "bool"), _value(a, shape, out),
-                                                          _value(b, shape, out))))
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, ir.Op(out, "where", (value_at(cond, shape, "bool"), value_at(a, shape, out),
+                                                          value_at(b, shape, out))))
 
 
-@register(aten.clamp, aten.clamp_min, aten.clamp_max)
+@RULES.rule(aten.clamp, aten.clamp_min, aten.clamp_max)
 def _clamp(low, node, val, x, lo=None, hi=None):
     if node.target is aten.clamp_max.default:
         lo, hi = None, lo
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    v = _value(x, shape, out)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    v = value_at(x, shape, out)
     if lo is not None:
-        v = ir.Op(out, "maximum", (v, _value(lo, shape, out)))
+        v = ir.Op(out, "maximum", (v, value_at(lo, shape, out)))
     if hi is not None:
-        v = ir.Op(out, "minimum", (v, _value(hi, shape, out)))
+        v = ir.Op(out, "minimum", (v, value_at(hi, shape, out)))
     return low.pointwise(shape, out, v)
 
 
-@register(prims.convert_element_type, aten._to_copy, aten.clone, aten.alias, aten.lift_fresh_copy,
+@RULES.rule(prims.convert_element_type, aten._to_copy, aten.clone, aten.alias, aten.lift_fresh_copy,
           aten.detach, aten.contiguous)
 def _copy(low, node, val, x, dtype=None, **kw):
     if isinstance(kw.get("device"), torch.device) and kw["device"].type != "cpu":
         raise NotImplementedError("device transfer")
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     if out == x.dtype and node.target in (aten.alias.default, aten.detach.default):
         return x
-    return low.pointwise(shape, out, _cast(x.load(_idx(len(shape))), out))
+    return low.pointwise(shape, out, cast(x.load(ivars(len(shape))), out))
 
 
 # --- views: index arithmetic, no nodes ------------------------------------------------------------------------
-
-
-def _view_of(x: TensorRef, shape, index_of_new) -> TensorRef:
-    """A view whose element at the new position (i...) is x's element at ``index_of_new`` (a tuple of exprs)."""
-    mapping = {ir.ivar(k): sympy.sympify(e) for k, e in enumerate(index_of_new)}
-    return TensorRef(x.buffer, tuple(shape), tuple(sympy.sympify(e).xreplace(mapping) for e in x.index))
 
 
 def _contiguous_strides(shape):
@@ -248,9 +193,9 @@ def _contiguous_strides(shape):
     return list(reversed(out))
 
 
-@register(aten.view, aten._unsafe_view, aten.reshape, prims.reshape)
+@RULES.rule(aten.view, aten._unsafe_view, aten.reshape, prims.reshape)
 def _reshape(low, node, val, x, size=None, *rest):
-    shape = _shape(low, val)
+    shape = shape_of(low, val)
     if tuple(shape) == tuple(x.shape):
         return x
     groups = _reshape_groups(tuple(x.shape), shape)
@@ -265,7 +210,7 @@ def _reshape(low, node, val, x, size=None, *rest):
             if x.shape[d] == 1:
                 continue
             old_index[d] = FloorDiv(flat, stride) if k == 0 else ModularIndexing(flat, stride, x.shape[d])
-    return _view_of(x, shape, old_index)
+    return view_of(x, shape, old_index)
 
 
 def _divides(a, b) -> bool:
@@ -297,14 +242,14 @@ def _reshape_groups(old: tuple, new: tuple):
     return groups if a == len(old_live) and b == len(new_live) else None
 
 
-@register(aten.permute, prims.transpose)
+@RULES.rule(aten.permute, prims.transpose)
 def _permute(low, node, val, x, dims):
     dims = [d % len(x.shape) for d in dims]
     inv = [dims.index(k) for k in range(len(dims))]
-    return _view_of(x, [x.shape[d] for d in dims], [ir.ivar(inv[k]) for k in range(len(dims))])
+    return view_of(x, [x.shape[d] for d in dims], [ir.ivar(inv[k]) for k in range(len(dims))])
 
 
-@register(aten.t, aten.transpose)
+@RULES.rule(aten.t, aten.transpose)
 def _transpose(low, node, val, x, d0=0, d1=1):
     rank = len(x.shape)
     if rank < 2:
@@ -314,49 +259,44 @@ def _transpose(low, node, val, x, d0=0, d1=1):
     return _permute(low, node, val, x, perm)
 
 
-@register(aten.expand)
+@RULES.rule(aten.expand)
 def _expand(low, node, val, x, size, **kw):
-    shape = _shape(low, val)
+    shape = shape_of(low, val)
     off = len(shape) - len(x.shape)
-    return _view_of(x, shape, [sympy.Integer(0) if (s == 1 and shape[d + off] != 1) else ir.ivar(d + off)
+    return view_of(x, shape, [sympy.Integer(0) if (s == 1 and shape[d + off] != 1) else ir.ivar(d + off)
                                for d, s in enumerate(x.shape)])
 
 
-@register(prims.broadcast_in_dim)
+@RULES.rule(prims.broadcast_in_dim)
 def _broadcast_in_dim(low, node, val, x, shape, broadcast_dims):
-    shape = _shape(low, val)
-    return _view_of(x, shape, [sympy.Integer(0) if (x.shape[k] == 1 and shape[d] != 1) else ir.ivar(d)
+    shape = shape_of(low, val)
+    return view_of(x, shape, [sympy.Integer(0) if (x.shape[k] == 1 and shape[d] != 1) else ir.ivar(d)
                                for k, d in enumerate(broadcast_dims)])
 
 
-@register(aten.unsqueeze)
+@RULES.rule(aten.unsqueeze)
 def _unsqueeze(low, node, val, x, dim):
     rank = len(x.shape) + 1
     dim %= rank
-    return _view_of(x, _shape(low, val), [ir.ivar(k if k < dim else k + 1) for k in range(rank - 1)])
+    return view_of(x, shape_of(low, val), [ir.ivar(k if k < dim else k + 1) for k in range(rank - 1)])
 
 
-@register(aten.squeeze, prims.squeeze)
+@RULES.rule(aten.squeeze, prims.squeeze)
 def _squeeze(low, node, val, x, dims=None):
-    shape = _shape(low, val)
-    kept = [d for d in range(len(x.shape)) if not (x.shape[d] == 1 and (dims is None or d in _norm_dims(dims, len(x.shape))))]
+    shape = shape_of(low, val)
+    squeezable = range(len(x.shape)) if dims is None else norm_dims(dims, len(x.shape))
+    kept = [d for d in range(len(x.shape)) if not (x.shape[d] == 1 and d in squeezable)]
     if len(kept) != len(shape):
         kept = [d for d in range(len(x.shape)) if x.shape[d] != 1]
     pos = {d: k for k, d in enumerate(kept)}
-    return _view_of(x, shape, [ir.ivar(pos[d]) if d in pos else sympy.Integer(0) for d in range(len(x.shape))])
+    return view_of(x, shape, [ir.ivar(pos[d]) if d in pos else sympy.Integer(0) for d in range(len(x.shape))])
 
 
-def _norm_dims(dims, rank):
-    if isinstance(dims, int):
-        dims = [dims]
-    return [d % rank for d in dims] if rank else []
-
-
-@register(aten.slice)
+@RULES.rule(aten.slice)
 def _slice(low, node, val, x, dim=0, start=None, end=None, step=1):
     """x[start:end:step] along ``dim``. The result's length (export's, which already clamps ``end`` to the
     size, symbolic or not) comes from ``val``; the start is wrapped when negative and clamped to [0, size]."""
-    shape = _shape(low, val)
+    shape = shape_of(low, val)
     dim %= len(x.shape)
     size = x.shape[dim]
     start = sympy.sympify(0 if start is None else start)
@@ -366,17 +306,17 @@ def _slice(low, node, val, x, dim=0, start=None, end=None, step=1):
         start = sympy.Max(0, start)
     if not sympy.expand(size - start).is_nonnegative:
         start = sympy.Min(start, size)
-    return _view_of(x, shape, [ir.ivar(k) * step + start if k == dim else ir.ivar(k) for k in range(len(shape))])
+    return view_of(x, shape, [ir.ivar(k) * step + start if k == dim else ir.ivar(k) for k in range(len(shape))])
 
 
-@register(aten.select)
+@RULES.rule(aten.select)
 def _select(low, node, val, x, dim, index):
     dim %= len(x.shape)
     if isinstance(index, int) and index < 0:
         index = x.shape[dim] + index
     idx = [ir.ivar(k if k < dim else k - 1) for k in range(len(x.shape))]
     idx[dim] = sympy.sympify(index)
-    return _view_of(x, _shape(low, val), idx)
+    return view_of(x, shape_of(low, val), idx)
 
 
 # --- matrix products ------------------------------------------------------------------------------------------
@@ -431,15 +371,15 @@ def _strided(x: TensorRef, batched: bool) -> ir.GemmOperand | None:
 
 
 def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
-    """a @ b in val's dtype: a GEMM node, for 16-bit floats followed by the rounding cast (see _gemm)."""
+    """a @ b in val's dtype: a GEMM node, for 16-bit floats followed by the rounding cast (see gemm)."""
     out = torch_dtype_name(val.dtype)
-    prod = _gemm(low, val, a, b, batched)
+    prod = gemm(low, val, a, b, batched)
     if prod.dtype == out:
         return prod
-    return low.pointwise(prod.shape, out, _cast(prod.load(_idx(len(prod.shape))), out))
+    return low.pointwise(prod.shape, out, cast(prod.load(ivars(len(prod.shape))), out))
 
 
-def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
+def gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
     """A GEMM node computing a @ b, accumulated in float32 for 16-bit float operands (float64 for float64). The
     operands stay in their own dtype (each backend reads them as it can: Triton's tl.dot natively, the C++
     backend widens them for sgemm); the product is returned in the accumulation dtype and the caller rounds it
@@ -448,7 +388,7 @@ def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> Tens
     compute = ir.compute_dtype(out)
     if compute not in ("float32", "float64"):
         raise NotImplementedError(f"matrix product in {out}")
-    shape = _shape(low, val)
+    shape = shape_of(low, val)
     ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
     buf = low.new_buffer(compute, shape)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
@@ -457,46 +397,46 @@ def _gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> Tens
     return identity_ref(buf)
 
 
-@register(aten.mm)
+@RULES.rule(aten.mm)
 def _aten_mm(low, node, val, a, b):
     return _mm(low, val, a, b, batched=False)
 
 
-@register(aten.bmm)
+@RULES.rule(aten.bmm)
 def _aten_bmm(low, node, val, a, b):
     return _mm(low, val, a, b, batched=True)
 
 
-@register(aten.addmm)
+@RULES.rule(aten.addmm)
 def _addmm(low, node, val, bias, a, b, beta=1, alpha=1):
     """bias + a @ b as a GEMM and a pointwise add; fusion turns the add into the GEMM's epilogue. For 16-bit
     floats the add runs on the float32 product and rounds once, like PyTorch's addmm."""
-    prod = _gemm(low, val, a, b, batched=False)
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    prod = gemm(low, val, a, b, batched=False)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     acc = prod.dtype
-    p = prod.load(_idx(2))
+    p = prod.load(ivars(2))
     if alpha != 1:
-        p = ir.Op(acc, "mul", (p, _value(alpha, shape, acc)))
-    bv = _value(bias, shape, acc)
+        p = ir.Op(acc, "mul", (p, value_at(alpha, shape, acc)))
+    bv = value_at(bias, shape, acc)
     if beta != 1:
-        bv = ir.Op(acc, "mul", (bv, _value(beta, shape, acc)))
-    return low.pointwise(shape, out, _cast(ir.Op(acc, "add", (p, bv)) if beta != 0 else p, out))
+        bv = ir.Op(acc, "mul", (bv, value_at(beta, shape, acc)))
+    return low.pointwise(shape, out, cast(ir.Op(acc, "add", (p, bv)) if beta != 0 else p, out))
 
 
-@register(aten.scalar_tensor)
+@RULES.rule(aten.scalar_tensor)
 def _scalar_tensor(low, node, val, value, **kw):
     out = torch_dtype_name(val.dtype)
-    return low.pointwise((), out, _value(value, (), out))
+    return low.pointwise((), out, value_at(value, (), out))
 
 
-@register(aten.full)
+@RULES.rule(aten.full)
 def _full(low, node, val, size, value, **kw):
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
-    return low.pointwise(shape, out, _value(value if not isinstance(value, float) or math.isfinite(value)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    return low.pointwise(shape, out, value_at(value if not isinstance(value, float) or math.isfinite(value)
                                             else value, shape, out))
 
 
-@register(aten.split_with_sizes, aten.split)
+@RULES.rule(aten.split_with_sizes, aten.split)
 def _split(low, node, val, x, sizes, dim=0):
     """A list of slice views; FX's getitem picks one."""
     dim %= len(x.shape)
@@ -505,7 +445,7 @@ def _split(low, node, val, x, sizes, dim=0):
         sizes = [sizes] * n
     views, start = [], sympy.Integer(0)
     for k, size in enumerate(sizes):
-        shape = _shape(low, val[k])
-        views.append(_view_of(x, shape, [ir.ivar(d) + start if d == dim else ir.ivar(d) for d in range(len(shape))]))
+        shape = shape_of(low, val[k])
+        views.append(view_of(x, shape, [ir.ivar(d) + start if d == dim else ir.ivar(d) for d in range(len(shape))]))
         start = start + size
     return views

@@ -12,11 +12,13 @@ import sympy
 import torch
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.lower.core import Lowering, TensorRef, register, torch_dtype_name
-from tcexport.exporter.lower.ops import _cast, _idx, _norm_dims, _shape, _value
+from tcexport.exporter.lower.rules import RuleTable
+from tcexport.exporter.lower.context import Lowering, TensorRef, torch_dtype_name
+from tcexport.exporter.lower.values import cast, ivars, norm_dims, shape_of, value_at
 
 aten = torch.ops.aten
 prims = torch.ops.prims
+RULES = RuleTable("tcexport.exporter.lower.reduce")
 
 
 def reduction(low: Lowering, shape, dtype: str, op: str, reduce_ranges, body: ir.Value) -> TensorRef:
@@ -24,7 +26,7 @@ def reduction(low: Lowering, shape, dtype: str, op: str, reduce_ranges, body: ir
     reduce_ranges = tuple(sympy.sympify(r) for r in reduce_ranges)
     if all(r == 1 for r in reduce_ranges):
         zero = {ir.rvar(k): sympy.Integer(0) for k in range(len(reduce_ranges))}
-        single = ir.Const("int64", 0) if op in ("argmax", "argmin") else _cast(ir.subs_index(body, zero), dtype)
+        single = ir.Const("int64", 0) if op in ("argmax", "argmin") else cast(ir.subs_index(body, zero), dtype)
         return low.pointwise(shape, dtype, single)
     return low.reduction(shape, dtype, op, reduce_ranges, body)
 
@@ -35,10 +37,10 @@ def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str |
     dtype unless ``cast_back`` is False (the caller finishes in ``compute``, e.g. mean's division). Returns the
     result and the number of elements each output reduces over."""
     rank = len(x.shape)
-    dims = sorted(set(_norm_dims(list(range(rank)) if dims is None or dims == [] else dims, rank)))
+    dims = sorted(set(norm_dims(list(range(rank)) if dims is None or dims == [] else dims, rank)))
     out = torch_dtype_name(val.dtype)
     compute = compute or out
-    out_shape = _shape(low, val)
+    out_shape = shape_of(low, val)
     idx, k, r = [], 0, 0
     for d in range(rank):
         if d in dims:
@@ -50,96 +52,96 @@ def _reduce(low, val, op: str, x: TensorRef, dims, keepdim: bool, compute: str |
             idx.append(ir.ivar(k))
             k += 1
     body = x.load(idx)
-    body = body if op in ("argmax", "argmin") else _cast(body, compute)
+    body = body if op in ("argmax", "argmin") else cast(body, compute)
     if body_fn is not None:
         body = body_fn(body, idx)
     ref = reduction(low, out_shape, compute, op, [x.shape[d] for d in dims], body)
     if compute != out and cast_back:
-        ref = low.pointwise(out_shape, out, _cast(ref.load(_idx(len(out_shape))), out))
+        ref = low.pointwise(out_shape, out, cast(ref.load(ivars(len(out_shape))), out))
     return ref, ir.product(x.shape[d] for d in dims)
 
 
-@register(aten.sum, prims.sum)
+@RULES.rule(aten.sum, prims.sum)
 def _sum(low, node, val, x, dims=None, keepdim=False, dtype=None, output_dtype=None):
     if node.target is prims.sum.default:
         keepdim = False
     return _reduce(low, val, "sum", x, dims, keepdim)[0]
 
 
-@register(aten.amax, prims.amax)
+@RULES.rule(aten.amax, prims.amax)
 def _amax(low, node, val, x, dims=None, keepdim=False):
     return _reduce(low, val, "max", x, dims, keepdim)[0]
 
 
-@register(aten.amin, prims.amin)
+@RULES.rule(aten.amin, prims.amin)
 def _amin(low, node, val, x, dims=None, keepdim=False):
     return _reduce(low, val, "min", x, dims, keepdim)[0]
 
 
-@register(aten.argmax)
+@RULES.rule(aten.argmax)
 def _argmax(low, node, val, x, dim=None, keepdim=False):
     return _reduce(low, val, "argmax", x, None if dim is None else [dim], keepdim, compute="int64")[0]
 
 
-@register(aten.argmin)
+@RULES.rule(aten.argmin)
 def _argmin(low, node, val, x, dim=None, keepdim=False):
     return _reduce(low, val, "argmin", x, None if dim is None else [dim], keepdim, compute="int64")[0]
 
 
-@register(aten.any)
+@RULES.rule(aten.any)
 def _any(low, node, val, x, dims=None, keepdim=False):
     return _reduce(low, val, "max", x, dims, keepdim, compute="bool")[0]  # the load is cast to bool: nonzero
 
 
-@register(aten.all)
+@RULES.rule(aten.all)
 def _all(low, node, val, x, dims=None, keepdim=False):
     return _reduce(low, val, "min", x, dims, keepdim, compute="bool")[0]
 
 
-@register(aten.cumsum)
+@RULES.rule(aten.cumsum)
 def _cumsum(low, node, val, x, dim, dtype=None):
     """out[..., i, ...] = sum over r <= i of x[..., r, ...], as a masked reduction over the whole dim.
     Quadratic in that dim's size: fine for masks and position ids, not for long scans."""
-    shape, out = _shape(low, val), torch_dtype_name(val.dtype)
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     rank = len(shape)
     dim %= max(rank, 1)
     if rank == 0:
-        return low.pointwise((), out, _cast(x.load(()), out))
+        return low.pointwise((), out, cast(x.load(()), out))
     idx = [ir.rvar(0) if d == dim else ir.ivar(d) for d in range(rank)]
     keep = ir.Op("bool", "le", (ir.IndexValue("int64", ir.rvar(0)), ir.IndexValue("int64", ir.ivar(dim))))
-    body = ir.Op(out, "where", (keep, _cast(x.load(idx), out), ir.Const(out, 0)))
+    body = ir.Op(out, "where", (keep, cast(x.load(idx), out), ir.Const(out, 0)))
     return reduction(low, shape, out, "sum", [shape[dim]], body)
 
 
-@register(aten.prod, prims.prod)
+@RULES.rule(aten.prod, prims.prod)
 def _prod(low, node, val, x, dims=None, keepdim=False, dtype=None):
     if isinstance(dims, int):
         dims = [dims]
     return _reduce(low, val, "prod", x, dims, keepdim)[0]
 
 
-@register(aten.mean)
+@RULES.rule(aten.mean)
 def _mean(low, node, val, x, dims=None, keepdim=False, dtype=None):
     """sum / n, both in float32 for 16-bit floats and rounded once (PyTorch's CPU mean does the same)."""
     out = torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     total, n = _reduce(low, val, "sum", x, dims, keepdim, compute=acc, cast_back=False)
-    shape = _shape(low, val)
-    mean = ir.Op(acc, "div", (total.load(_idx(len(shape))), _value(n, shape, acc)))
-    return low.pointwise(shape, out, _cast(mean, out))
+    shape = shape_of(low, val)
+    mean = ir.Op(acc, "div", (total.load(ivars(len(shape))), value_at(n, shape, acc)))
+    return low.pointwise(shape, out, cast(mean, out))
 
 
-@register(prims.var)
+@RULES.rule(prims.var)
 def _var(low, node, val, x, dims, correction=0, output_dtype=None):
     """Two-pass variance: mean first, then the mean squared deviation (both fuse into one row kernel). 16-bit
     floats keep every intermediate in float32 and round the result once."""
     out = torch_dtype_name(val.dtype)
     acc = ir.compute_dtype(out)
     rank = len(x.shape)
-    nd = _norm_dims(list(range(rank)) if dims is None else dims, rank)
+    nd = norm_dims(list(range(rank)) if dims is None else dims, rank)
     keep_shape = tuple(sympy.Integer(1) if d in nd else x.shape[d] for d in range(rank))
     total, n = _reduce(low, _FakeVal(keep_shape, val.dtype), "sum", x, nd, True, compute=acc, cast_back=False)
-    mean = low.pointwise(keep_shape, acc, ir.Op(acc, "div", (total.load(_idx(rank)), _value(n, keep_shape, acc))))
+    mean = low.pointwise(keep_shape, acc, ir.Op(acc, "div", (total.load(ivars(rank)), value_at(n, keep_shape, acc))))
 
     def sq_dev(v, idx):
         m = mean.load([sympy.Integer(0) if d in nd else e for d, e in enumerate(idx)])
@@ -147,9 +149,9 @@ def _var(low, node, val, x, dims, correction=0, output_dtype=None):
         return ir.Op(acc, "mul", (dev, dev))
 
     ss, _ = _reduce(low, val, "sum", x, nd, False, compute=acc, body_fn=sq_dev, cast_back=False)
-    shape = _shape(low, val)
-    denom = _value(sympy.Max(n - correction, 0), shape, acc)  # no elements left: 0 / 0, NaN as in PyTorch
-    return low.pointwise(shape, out, _cast(ir.Op(acc, "div", (ss.load(_idx(len(shape))), denom)), out))
+    shape = shape_of(low, val)
+    denom = value_at(sympy.Max(n - correction, 0), shape, acc)  # no elements left: 0 / 0, NaN as in PyTorch
+    return low.pointwise(shape, out, cast(ir.Op(acc, "div", (ss.load(ivars(len(shape))), denom)), out))
 
 
 class _FakeVal:

@@ -1,18 +1,17 @@
-"""Lowering of the training graphs: the inference lowering with the gradient rules (lower_grad, lower_grad_conv)
-registered as well, and the weights every entry point shares."""
+"""Lowering of the training graphs: ``lower`` with core.TRAINING_RULES (the inference rules plus those of grad.py
+and grad_conv.py), and the weights every entry point shares."""
 
 from __future__ import annotations
 
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.front.capture import Captured
-from tcexport.exporter.lower.core import Lowering, lower
+from tcexport.exporter.lower.context import Lowering
+from tcexport.exporter.lower.core import TRAINING_RULES, lower
 
 
 def lower_training(captured: Captured) -> tuple[ir.Program, Lowering]:
-    """``lower.lower`` with the gradient rules registered too."""
-    from tcexport.exporter.lower import grad as lower_grad  # noqa: F401 (rules; lower_grad imports lower_grad_conv)
-
-    return lower(captured)
+    """``lower`` with the training rules: the lowering of a training forward or backward graph."""
+    return lower(captured, TRAINING_RULES)
 
 
 def share_weights(inference, graphs: list) -> None:
