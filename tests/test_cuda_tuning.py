@@ -85,7 +85,7 @@ def test_every_candidate_keeps_one_code_and_parameter_list_per_family(module_sta
 
 
 def codegen_module(launches):
-    from tcexport.exporter.cuda.codegen import TritonModule
+    from tcexport.exporter.cuda.module import TritonModule
 
     return TritonModule("", launches)
 

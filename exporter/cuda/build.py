@@ -3,7 +3,7 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` needs no GPU. Pointer parameters are
 declared 16-byte aligned (the loader guarantees it: arena and weight offsets are 256-byte aligned and it
 copies a misaligned input), which lets Triton vectorise loads; so are the symbols of a launch's ``aligned`` (a
-variant that only runs where they are multiples of 16, codegen_triton.TritonWriter._unaligned). Line info is off
+variant that only runs where they are multiples of 16, cuda/launches.py unaligned_symbols). Line info is off
 so no build path reaches the binary, and results are cached by content (source, kernel, arch, Triton version),
 like the C++ build.
 """
@@ -23,9 +23,9 @@ from tcexport.formats.cubin import cubin_arch
 from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import MAX_SCRATCH, SCRATCH_ALIGN
 
-from tcexport.exporter.cpu.build import build_folder, print_warning, warn_once
-from tcexport.exporter.build_cache import BuildCache
-from tcexport.exporter.cuda.codegen import Launch, TritonModule
+from tcexport.exporter.build_cache import BuildCache, build_folder, print_warning, warn_once
+from tcexport.exporter.cuda.launches import TritonLaunch as Launch
+from tcexport.exporter.cuda.module import TritonModule
 from tcexport.exporter.errors import BuildError
 
 MODULE_NAME = "tcexport_kernels"

@@ -20,9 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from tcexport.exporter.cuda import codegen as codegen_triton
-from tcexport.exporter.cuda.codegen import GemmConfig, fit_gemm, standalone
+from tcexport.exporter.cuda import module as codegen_triton
+from tcexport.exporter.cuda.exprs import HALF, next_pow2
+from tcexport.exporter.cuda.launches import kernel_launches
+from tcexport.exporter.cuda.module import standalone
+from tcexport.exporter.cuda.tiles import GemmConfig, fit_gemm
+from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
+from tcexport.exporter.schedule.small_m import SMALL_M
 from tcexport.exporter.errors import BuildError, ExportError
+from tcexport.exporter.options import CudaOptions
 
 NOISE = 0.01  # a candidate must beat the current choice by this fraction of the model's time
 CALLS = 20  # graph replays per timing
@@ -78,7 +84,7 @@ def candidates(family: Family, dtype: str, bounds: tuple) -> list[dict]:
     """The family's candidate configs (its current one first), each cut to the dims it runs over: ``bounds`` is
     (M, N, K) of a GEMM, (M,) of attention (query rows); ``dtype`` the operands' (the dot's for mixed ones)."""
     c = family.config
-    half = dtype in codegen_triton.HALF
+    half = dtype in HALF
     out = [c]
     if family.kind == "gemm":
         for bm, bn, bk, warps, stages in GEMM_HALF if half else GEMM_FLOAT:
@@ -88,7 +94,7 @@ def candidates(family: Family, dtype: str, bounds: tuple) -> list[dict]:
     else:
         (m,) = bounds
         for bm, bn, warps, stages in ATTENTION_HALF if half else ATTENTION_FLOAT:
-            bm = bm if m is None else min(bm, max(16, codegen_triton.next_pow2(m)))
+            bm = bm if m is None else min(bm, max(16, next_pow2(m)))
             out.append({**c, "BM": bm, "BN": bn, "num_warps": warps, "num_stages": stages})
     unique = []
     for cfg in out:
@@ -101,12 +107,12 @@ def _shape(prog, kernels, module, index) -> tuple[str, tuple]:
     """(dtype, bounds) of a tunable launch, for ``candidates``."""
     k = kernels[module.owners[index]]
     g = k.stages[0].node.gemm
-    bounds = codegen_triton.symbol_bounds(prog)
+    bounds = symbol_bounds(prog)
     a, b = prog.buffers[g.a.buffer].dtype, prog.buffers[g.b.buffer].dtype
     dims = (g.m, g.n, g.k) if k.kind == "gemm" else (g.m,)
-    out = [codegen_triton.upper_bound(e, bounds) for e in dims]
+    out = [upper_bound(e, bounds) for e in dims]
     if k.small_m:  # split-K slices: at most SMALL_M rows
-        out[0] = codegen_triton.SMALL_M if out[0] is None else min(out[0], codegen_triton.SMALL_M)
+        out[0] = SMALL_M if out[0] is None else min(out[0], SMALL_M)
     return (a if a == b else g.acc_dtype), tuple(out)
 
 
@@ -217,7 +223,7 @@ class Bench:
 
 
 def _default_cache():
-    from tcexport.exporter.cpu.build import default_cache_dir
+    from tcexport.exporter.build_cache import default_cache_dir
 
     return default_cache_dir()
 
@@ -363,13 +369,13 @@ def _runs(kernel, env: dict) -> bool:
     return min(ex.evaluate(g, env) for g in kernel.grid) > 0
 
 
-def regenerate(prog, kernels, module, fam: Family, cfg: dict) -> tuple[dict, list]:
+def regenerate(prog, kernels, module, fam: Family, cfg: dict, options: CudaOptions = CudaOptions()) -> tuple[dict, list]:
     """The family's launches generated with ``cfg`` (by name), and every launch of their kernels (the aliases
     among them point into that list)."""
     owners = sorted({module.owners[i] for i in fam.indexes})
     names = [module.launches[i].name for i in fam.indexes]
-    writer = codegen_triton.TritonWriter(prog, {name: cfg for name in names})
-    launches = [l for o in owners for l in writer.kernels(kernels[o], module.owners.index(o))]
+    tuned = {name: cfg for name in names}
+    launches = [l for o in owners for l in kernel_launches(prog, kernels[o], module.owners.index(o), tuned, options)]
     return {l.name: l for l in launches if l.name in names}, launches
 
 
@@ -385,7 +391,7 @@ def _compile(prog, kernels, module, fam: Family, cands: list, arch: int, st) -> 
         rep = regen[first]
         alias = f"{rep.name}_t{n}"
         source = standalone(launches, rep).replace(f"def {rep.name}(", f"def {alias}(")
-        reps.append(dataclasses.replace(rep, name=alias, source=source))
+        reps.append(dataclasses.replace(rep, name=alias, source=source, alias_of=""))
     source = "\n\n".join([codegen_triton.PRELUDE] + [r.source for r in reps])
     cache = st.cache_dir or _default_cache()
     try:
