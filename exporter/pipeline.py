@@ -1,6 +1,7 @@
 """The pipeline as a visible list of named stages; each can be dumped for debugging (``--dump DIR``).
 
-    capture → (autograd) → lower → fuse → plan → codegen (C++ / Triton) → build (.so / cubins) → package
+    capture → (autograd) → lower → fuse → plan → codegen → build (C++, .so)
+                                            → schedule_cuda → codegen_triton → build_cuda (cubins) → package
 
 A stage whose target is not requested is skipped: ``--target cuda:sm_90`` alone builds no C++. With
 ``--backward`` the autograd stage adds a training forward and a backward graph (``State.train_states``); lower,
@@ -26,6 +27,7 @@ from tcexport.exporter.lower import core as lower_mod
 from tcexport.exporter.schedule import memory as plan_mod
 from tcexport.exporter.errors import ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
+from tcexport.exporter.options import CudaOptions
 
 TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
 
@@ -61,7 +63,7 @@ class State:
     train_states: dict = field(default_factory=dict)  # entry name -> the State of that training graph
     lower_fn: Callable | None = None                  # lowering of this graph (None: lower.lower)
     tuning: dict | None = None                        # manifest cuda.tuning: configs chosen by --autotune
-    autotune_at: list | None = None                   # --autotune: the shapes to measure at (None: no tuning)
+    cuda_options: CudaOptions = field(default_factory=CudaOptions)  # how CUDA kernels are generated and built
 
 
 def stage_capture(st: State) -> str:
@@ -78,7 +80,7 @@ def stage_autograd(st: State) -> str:
 
     st.training = autograd.capture_training(st.spec, st.captured, st.grad_inputs)
     st.train_states = {entry: State(st.spec, st.dynamic, st.targets, st.cache_dir, captured=captured,
-                                    lower_fn=autograd_lower.lower_training)
+                                    lower_fn=autograd_lower.lower_training, cuda_options=st.cuda_options)
                        for entry, captured in autograd.entries(st.training)}
     return autograd.describe(st.training)
 
@@ -143,30 +145,28 @@ def stage_build(st: State) -> str:
     return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in st.libraries.items())
 
 
+def stage_schedule_cuda(st: State) -> str:
+    """The GPU's own kernel list and memory plan (schedule/gpu.py), for every graph."""
+    from tcexport.exporter.schedule.gpu import schedule_cuda
+
+    def one(g: State) -> str:
+        schedule = schedule_cuda(g.program, g.kernels)
+        g.cuda_kernels, g.cuda_memory = schedule.kernels, schedule.memory
+        return str(schedule)
+    return _each_graph(st, one)
+
+
 def stage_codegen_triton(st: State) -> str:
-    from tcexport.exporter.schedule.attention import fuse_attention
-    from tcexport.exporter.schedule.split_k import split_k
-
-    st.cuda_kernels = split_k(st.program, fuse_attention(st.program, st.kernels))
-    st.cuda_memory = plan_mod.plan_memory(st.program, st.cuda_kernels)
-    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, (st.tuning or {}).get("configs"))
+    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, (st.tuning or {}).get("configs"),
+                                        st.cuda_options)
     return st.triton.source
-
-
-def stage_autotune(st: State) -> str:
-    """Measure candidate tiles on this machine's GPU (autotune.py) and regenerate the module with the winners."""
-    from tcexport.exporter.tune.autotune import autotune
-
-    st.tuning, report = autotune(st, st.autotune_at)
-    st.triton = codegen_triton.generate(st.program, st.cuda_kernels, st.tuning["configs"])
-    return report
 
 
 def stage_build_cuda(st: State) -> str:
     from tcexport.exporter.cuda import build as build_cuda
 
     st.cubins = build_cuda.build_cubins(st.triton, cuda_archs(st.targets),
-                                        st.cache_dir or build_mod.default_cache_dir())
+                                        st.cache_dir or build_mod.default_cache_dir(), st.cuda_options)
     lines = [launch.describe() for launch in st.triton.launches]
     for arch, cubins in st.cubins.items():
         lines += [f"sm_{arch} {c.kernel}: {len(c.data)} bytes, shared {c.shared}, warps {c.num_warps}"
@@ -200,8 +200,8 @@ STAGES: list[tuple[str, Callable[[State], str], str, Callable[[State], bool]]] =
     ("plan", stage_plan, "plan.txt", lambda st: True),
     ("codegen", stage_codegen, "model.cpp", _cpu),
     ("build", stage_build, "build.txt", _cpu),
+    ("schedule_cuda", stage_schedule_cuda, "schedule_cuda.txt", _cuda),
     ("codegen_triton", stage_codegen_triton, "model_triton.py", _cuda),
-    ("autotune", stage_autotune, "autotune.txt", lambda st: _cuda(st) and st.autotune_at is not None),
     ("build_cuda", stage_build_cuda, "build_cuda.txt", lambda st: _cuda(st) and st.build_cubins),
     ("codegen_triton_train", stage_codegen_triton_train, "model_triton_train.py", lambda st: _cuda(st) and st.backward),
     ("build_cuda_train", stage_build_cuda_train, "build_cuda_train.txt",
@@ -276,7 +276,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
-           autotune: bool = False, autotune_at=(), tuning=None):
+           tuning=None, cuda_options: CudaOptions | None = None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -286,9 +286,9 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     parameter that requires grad and for the inputs named in ``grad_inputs``. ``build_cubins=False`` (with a cuda
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
     interpreter (exporter/check/interpret.py), which is how tests check many kernels quickly.
-    ``autotune=True`` measures GEMM and attention tiles on this machine's GPU (exporter/tune/autotune.py) at the
-    example inputs, or at each of ``autotune_at`` ("batch=8" strings); ``tuning`` (a .tcpkg path, or its
-    manifest's ``cuda.tuning``) builds with a recorded tuning instead of the heuristics, no GPU needed.
+    ``tuning`` (a .tcpkg path, or its manifest's ``cuda.tuning``) builds with a recorded tuning instead of the
+    heuristics, no GPU needed; ``tcexport.exporter.export(..., autotune=True)`` makes one first (tune/autotune.py).
+    ``cuda_options`` (exporter/options.py) says how CUDA kernels are generated and built.
     """
     from tcexport.packager.package import package
 
@@ -298,19 +298,11 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     st = State(spec, list(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None,
-               backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins)
+               backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=build_cubins,
+               cuda_options=cuda_options or CudaOptions())
     st.tuning = read_tuning(tuning)
     if st.tuning is not None and not cuda_archs(st.targets):
         raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
-    if st.tuning is not None and autotune:
-        raise ExportError("--tuning builds with a recorded tuning and --autotune makes a new one; pass one of them")
-    if autotune_at and not autotune:
-        raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
-    if autotune:
-        from tcexport.exporter.tune.autotune import parse_at, require_gpu
-
-        require_gpu(st.targets)
-        st.autotune_at = parse_at(autotune_at)
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     run_stages(st, Path(dump) if dump else None, on_stage, onnx=onnx is not None)

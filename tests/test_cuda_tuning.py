@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter import pipeline  # noqa: E402
+from tcexport.exporter import export, pipeline  # noqa: E402
 from tcexport.exporter.tune.autotune import _canonical, _shape, candidates, families, parse_at, regenerate  # noqa: E402
 from tcexport.exporter.errors import BuildError, ExportError  # noqa: E402
 from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
@@ -29,7 +29,7 @@ DECODER = EXAMPLES / "decoder.py"
 
 def _export(tmp_path, name: str, **kw):
     spec = load_model_file(DECODER)
-    pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, kw.pop("targets", "cuda:sm_90"),
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, kw.pop("targets", "cuda:sm_90"),
                           name="decoder", source_path=str(DECODER), cache_dir=WORK / "cache-tuning", **kw)
     return pkg.save(tmp_path / f"{name}.tcpkg")
 

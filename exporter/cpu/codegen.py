@@ -152,7 +152,7 @@ def cconst(value, dtype: str) -> str:
 # value expressions
 
 
-class Emitter:
+class CppEmitter:
     """Renders values into a block of statements, one temporary per distinct subexpression."""
 
     def __init__(self, prog: ir.Program, locals_: dict, indent: str, names):
@@ -371,7 +371,7 @@ class CppKernelWriter:
         lines: list[str] = []
         if loop.level == "row":
             for s in loop.stages:
-                em = Emitter(self.prog, locals_, indent, self.names)
+                em = CppEmitter(self.prog, locals_, indent, self.names)
                 val = em.emit(_store_body(k, s))
                 lines += em.lines
                 lines += self._store(k, s, val, locals_, indent)
@@ -396,7 +396,7 @@ class CppKernelWriter:
                 reductions = " ".join(f"reduction({c})" for c in clauses)
                 lines.append(f"{indent}#pragma omp simd{collapse} {reductions}" + self._oob_clause())
         def step(inner_indent: str) -> list[str]:
-            em = Emitter(self.prog, locals_, inner_indent, self.names)
+            em = CppEmitter(self.prog, locals_, inner_indent, self.names)
             for s in loop.stages:
                 val = em.emit(_store_body(k, s) if loop.level != "reduce" else ir.subs_index(s.node.body, s.var_map))
                 if loop.level == "reduce":
@@ -499,7 +499,7 @@ class CppKernelWriter:
 
         def element(indent: str) -> list[str]:
             flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
-            em = Emitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
+            em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
             val = em.emit(_without_final_round(node.body, node.out.dtype))
             return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
 

@@ -19,7 +19,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.ir.kernels import Kernel, Stage, ovar, qvar
+from tcexport.exporter.ir.kernels import Kernel, Stage, ovar, qvar, verify_kernels
 
 EXPENSIVE_OPS = {"exp", "log", "erf", "tanh", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos", "div",
                  "log1p", "expm1", "atan2", "exp2", "log2", "tan", "atan"}
@@ -427,4 +427,6 @@ def fuse(prog: ir.Program) -> list[Kernel]:
     prog.verify()
     absorb_epilogues(prog)  # inlining can leave a GEMM output with one reader (x + 0.044715 * x**3 -> GELU)
     prog.verify()
-    return group(prog)
+    kernels = group(prog)
+    verify_kernels(kernels)
+    return kernels

@@ -1,6 +1,10 @@
 """`--autotune`: on a machine with a GPU, choose each GEMM's and attention kernel's tiles by measuring them inside
-the whole model, and record the choice in the manifest (``cuda.tuning``) so a rebuild without a GPU
-(``--tuning PKG``) makes the same archive.
+the whole model, and return the choice (the manifest's ``cuda.tuning``) that an ordinary export then builds with
+(``export(..., tuning=...)``), so a rebuild without a GPU (``--tuning PKG``) makes the same archive.
+
+A tool above the pipeline, not a stage in it: ``tune`` runs the pipeline's stages up to the Triton module,
+measures, and returns a tuning; ``tcexport.exporter.export(autotune=True)`` and the CLI's ``--autotune`` call it
+and then export with what it returned.
 
 Why the whole model: a kernel timed alone keeps its operands in L2, and its winner can lose in the model (GPT-2's
 768-column down-projection: 14.1 against 15.2 us alone, 20.5 against 16 in the model). Each *family* of launches
@@ -129,7 +133,7 @@ class Bench:
         from tcexport.exporter.cuda import build as build_cuda
 
         self.torch = torch
-        cubins = build_cuda.build_cubins(st.triton, [arch], st.cache_dir or _default_cache())
+        cubins = build_cuda.build_cubins(st.triton, [arch], st.cache_dir or _default_cache(), st.cuda_options)
         lean = dataclasses.replace(st, targets=(f"cuda:sm_{arch}",), cubins=cubins, libraries={}, cpp="",
                                    training=None, train_states={}, backward=False, onnx=None, tuning=None)
         path = package(lean, "autotune").save(folder / "autotune.tcpkg")
@@ -292,6 +296,32 @@ def require_gpu(targets) -> int:
     return arch
 
 
+def tune(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cuda:sm_90",), *, at=(),
+         dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
+         cuda_options: CudaOptions | None = None) -> tuple[dict, str]:
+    """A tuning for ``model`` measured on this machine's GPU at the example inputs, or at each of ``at``
+    ("batch=8" strings): (the manifest's ``cuda.tuning``, a report). The graph is captured as the export will
+    capture it (``backward`` changes the inference graph: a training package folds no weights), so the launch
+    names the tuning records are the export's."""
+    import torch
+
+    from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
+    from tcexport.exporter.pipeline import State, parse_targets, run_stages
+
+    arch = require_gpu(parse_targets(targets))
+    sizes = parse_at(at)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
+                     input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
+    st = State(spec, list(dynamic), (f"cuda:sm_{arch}",), Path(cache_dir) if cache_dir else None,
+               backward=backward, grad_inputs=tuple(grad_inputs), build_cubins=False,
+               cuda_options=cuda_options or CudaOptions())
+    run_stages(st)
+    return autotune(st, sizes)
+
+
 def autotune(st, at: list[dict]) -> tuple[dict, str]:
     """Tune st.triton on this machine's GPU; returns the manifest's ``cuda.tuning`` and a report for --dump."""
     arch = require_gpu(st.targets)
@@ -386,7 +416,7 @@ def _compile(prog, kernels, module, fam: Family, cands: list, arch: int, st) -> 
     first = module.launches[fam.indexes[0]].name
     regens, reps = [], []
     for n, cfg in enumerate(cands):
-        regen, launches = regenerate(prog, kernels, module, fam, cfg)
+        regen, launches = regenerate(prog, kernels, module, fam, cfg, st.cuda_options)
         regens.append(regen)
         rep = regen[first]
         alias = f"{rep.name}_t{n}"
@@ -395,13 +425,13 @@ def _compile(prog, kernels, module, fam: Family, cands: list, arch: int, st) -> 
     source = "\n\n".join([codegen_triton.PRELUDE] + [r.source for r in reps])
     cache = st.cache_dir or _default_cache()
     try:
-        built = build_cuda.build_cubins(codegen_triton.TritonModule(source, reps), [arch], cache)[arch]
+        built = build_cuda.build_cubins(codegen_triton.TritonModule(source, reps), [arch], cache, st.cuda_options)[arch]
     except BuildError:  # one candidate Triton cannot compile (too much shared memory): the others one by one
         built = []
         for r in reps:
             try:
                 built += build_cuda.build_cubins(codegen_triton.TritonModule(
-                    "\n\n".join([codegen_triton.PRELUDE, r.source]), [r]), [arch], cache)[arch]
+                    "\n\n".join([codegen_triton.PRELUDE, r.source]), [r]), [arch], cache, st.cuda_options)[arch]
             except BuildError:
                 built.append(None)
     return list(zip(regens, built))
