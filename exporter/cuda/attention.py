@@ -72,23 +72,7 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
         s = em.tensor(value)
         lines += em.lines
     v_ptrs = operand_ptr(sc, g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
-    lines += [
-        f"{body}s = tl.where(rn[None, :] < N, {s}, float('-inf'))",
-        f"{body}m_new = tl.maximum(m_i, tl.max(s, 1))",
-        f"{body}m_use = tl.where(m_new == float('-inf'), 0.0, m_new)",
-        f"{body}alpha = tl.exp(m_i - m_use)",
-        f"{body}p = tl.exp(s - m_use[:, None])",
-        f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
-        f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
-    ]
-    if split_p:
-        lines += [
-            f"{body}p_hi = p.to({TL_TYPE[v_dtype]})",
-            f"{body}acc = tl.dot((p - p_hi.to(tl.float32)).to({TL_TYPE[v_dtype]}), v, acc * alpha[:, None])",
-            f"{body}acc = tl.dot(p_hi, v, acc)",
-        ]
-    else:
-        lines.append(f'{body}acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")')
+    lines += _online_softmax_step(s, v_ptrs, v_dtype if split_p else None, body)
     lines += [
         f"{body}m_i = m_new",
         f"{ind}acc = acc / l_i[:, None]",
@@ -115,3 +99,24 @@ def attention_geometry(k: Kernel, cfg: AttentionConfig) -> Geometry:
     grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(1))
     constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
     return Geometry(grid, constexprs, cfg.num_warps, cfg.num_stages)
+
+
+def _online_softmax_step(s: str, v_ptrs: str, split_dtype: str | None, body: str) -> list[str]:
+    """One block of keys: the running max and sum updated, the accumulator rescaled and the probabilities times
+    the values added (as two 16-bit parts when ``split_dtype`` is the values' 16-bit type)."""
+    lines = [
+        f"{body}s = tl.where(rn[None, :] < N, {s}, float('-inf'))",
+        f"{body}m_new = tl.maximum(m_i, tl.max(s, 1))",
+        f"{body}m_use = tl.where(m_new == float('-inf'), 0.0, m_new)",
+        f"{body}alpha = tl.exp(m_i - m_use)",
+        f"{body}p = tl.exp(s - m_use[:, None])",
+        f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
+        f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
+    ]
+    if split_dtype is not None:
+        return lines + [
+            f"{body}p_hi = p.to({TL_TYPE[split_dtype]})",
+            f"{body}acc = tl.dot((p - p_hi.to(tl.float32)).to({TL_TYPE[split_dtype]}), v, acc * alpha[:, None])",
+            f"{body}acc = tl.dot(p_hi, v, acc)",
+        ]
+    return lines + [f'{body}acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")']
