@@ -7,18 +7,28 @@ blob that are regular files of ours opened without following links, the blob's b
 SHA-256, and the caller's own content check (a C++ library must contain the interface descriptor this source
 compiles in; a cubin must be for this arch and contain this kernel). Anything else is a miss. The cache is an
 optimisation: one that cannot be used costs a warning, never the export.
+
+What the C++ and the CUDA builds share lives here too, below both: where the cache is, the scratch folders a
+build works in, and the one warning per build that a cache problem is worth.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sys
+import tempfile
+import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from tcexport.formats.errors import CacheError
+from tcexport.formats.files import scratch_dir
 from tcexport.formats.private_files import fd_bytes, open_private, open_verified, private_dir, write_private
+
+from tcexport.exporter.errors import output_error
 
 MAX_RECORD_BYTES = 1 << 20
 
@@ -98,3 +108,36 @@ class BuildCache:
             except OSError:
                 pass
 
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TCEXPORT_CACHE") or Path.home() / ".cache" / "tcexport") / "build"
+
+
+@contextlib.contextmanager
+def build_folder(prefix: str) -> Iterator[Path]:
+    """A scratch folder for one build, in the system temp folder (not the cache, which may be read-only), named
+    with this pid so that the next build removes it if this process is killed. Failing to write it (a full or
+    read-only temp folder) is an OutputError; other OSErrors (a missing compiler) pass through."""
+    try:
+        with scratch_dir(prefix) as tmp:
+            yield tmp
+    except OSError as e:
+        parent = Path(tempfile.gettempdir())
+        path = Path(e.filename) if e.filename is not None else parent / f"{prefix}{os.getpid()}-XXXXXXXX"
+        if not path.is_relative_to(parent):
+            raise
+        raise output_error("a build folder", path, e, "set TMPDIR to a writable folder with space") from e
+
+
+def print_warning(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_once(warn: Callable[[str], None]) -> Callable[[str], None]:
+    """``warn`` for the first message only: every parallel build would say the same about the cache."""
+    said = threading.Lock()
+
+    def once(message: str) -> None:
+        if said.acquire(blocking=False):
+            warn(message)
+    return once

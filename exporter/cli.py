@@ -66,7 +66,7 @@ def export(
                                             "key (PEM; openssl genpkey -algorithm ed25519 -out KEY.pem)"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
-    from tcexport.exporter import pipeline
+    from tcexport.exporter import export as export_model, pipeline
     from tcexport.exporter.check import verify as verify_mod
     from tcexport.exporter.front.model_file import load_model_file
 
@@ -80,12 +80,12 @@ def export(
         if sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
             from tcexport.formats.attestation import load_private_key
             load_private_key(sign_key, "--sign-key")
-        pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
-                              dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
-                              source_path=str(model_file),
-                              onnx="embed" if onnx_embed else "file" if onnx else None, backward=backward,
-                              grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()],
-                              autotune=autotune, autotune_at=autotune_at, tuning=tuning)
+        pkg = export_model(spec.module, spec.example_inputs, spec.dynamic_shapes, pipeline.parse_targets(target),
+                           dynamic=dynamic, name=model_file.stem, dump=dump, on_stage=_progress(quiet),
+                           source_path=str(model_file),
+                           onnx="embed" if onnx_embed else "file" if onnx else None, backward=backward,
+                           grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()],
+                           autotune=autotune, autotune_at=autotune_at, tuning=tuning)
         try:
             pkg.save(out, sign_key=sign_key)
         except OSError as e:

@@ -204,27 +204,28 @@ def stage_build_cpp(r: Results) -> str:
 # ---- cuda: on every graph ----
 
 def _schedule_cuda(r: Results, g: Graph) -> str:
-    from tcexport.exporter.schedule import attention, memory, split_k
+    from tcexport.exporter.schedule.gpu import schedule_cuda
 
-    kernels = split_k.split_k(g.program, attention.fuse_attention(g.program, g.kernels))
-    g.cuda = CudaGraph(kernels, memory.plan_memory(g.program, kernels))
-    return "\n".join(str(k) for k in kernels) + "\n\n" + str(g.cuda.memory)
+    schedule = schedule_cuda(g.program, g.kernels)
+    g.cuda = CudaGraph(schedule.kernels, schedule.memory)
+    return str(schedule)
 
 
 def _codegen_triton(r: Results, g: Graph) -> str:
-    from tcexport.exporter.cuda import codegen
+    from tcexport.exporter.cuda import module
 
     # a tuning names the inference graph's launches; training graphs build with the heuristics
     configs = (r.job.tuning or {}).get("configs") if g.name == INFERENCE else None
-    g.cuda.module = codegen.generate(g.program, g.cuda.kernels, configs)
+    g.cuda.module = module.generate(g.program, g.cuda.kernels, configs, r.job.cuda_options)
     return g.cuda.module.source
 
 
 def _build_cuda(r: Results, g: Graph) -> str:
-    from tcexport.exporter.cpu.build import default_cache_dir
+    from tcexport.exporter.build_cache import default_cache_dir
     from tcexport.exporter.cuda import build
 
-    g.cuda.cubins = build.build_cubins(g.cuda.module, r.job.archs, r.job.cache_dir or default_cache_dir())
+    g.cuda.cubins = build.build_cubins(g.cuda.module, r.job.archs, r.job.cache_dir or default_cache_dir(),
+                                       r.job.cuda_options)
     lines = [launch.describe() for launch in g.cuda.module.launches]
     for arch, cubins in g.cuda.cubins.items():
         lines += [f"sm_{arch} {c.kernel}: {len(c.data)} bytes, shared {c.shared}, warps {c.num_warps}"
@@ -266,7 +267,7 @@ GRAPHS = [Stage("lower", stage_lower, "ir.txt"),
           Stage("plan", stage_plan, "plan.txt")]
 CPU = [Stage("codegen_cpp", stage_codegen_cpp, "model.cpp"),
        Stage("build_cpp", stage_build_cpp, "build.txt")]
-CUDA = [Stage("schedule_cuda", stage_schedule_cuda, "cuda_kernels.txt"),
+CUDA = [Stage("schedule_cuda", stage_schedule_cuda, "schedule_cuda.txt"),
         Stage("codegen_triton", stage_codegen_triton, "model_triton.py"),
         Stage("build_cuda", stage_build_cuda, "build_cuda.txt", lambda job: job.build_cubins)]
 CHECKS = [Stage("onnx", stage_onnx, "onnx.txt", lambda job: job.onnx)]
@@ -354,7 +355,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
-           tuning=None, cuda_options: CudaOptions | None = None, autotune: bool = False, autotune_at=()):
+           tuning=None, cuda_options: CudaOptions | None = None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -365,12 +366,11 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     target) packages the Triton source and launch list without cubins: such a package runs only in Triton's
     interpreter (exporter/check/interpret.py), which is how tests check many kernels quickly.
     ``tuning`` (a .tcpkg path, or its manifest's ``cuda.tuning``) builds with a recorded tuning instead of the
-    heuristics, no GPU needed; ``cuda_options`` (exporter/options.py) sets how CUDA kernels are generated.
+    heuristics, no GPU needed; ``tcexport.exporter.export(..., autotune=True)`` makes one first (tune/autotune.py).
+    ``cuda_options`` (exporter/options.py) says how CUDA kernels are generated and built.
     """
     from tcexport.exporter.package.build import package
 
-    if autotune or autotune_at:
-        raise ExportError("WIP: --autotune moves to exporter/tune")
     if onnx not in (None, "file", "embed"):
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     job = make_job(model, example_inputs, dynamic_shapes, targets, dynamic=dynamic, cache_dir=cache_dir,

@@ -137,7 +137,7 @@ def test_graph_replays_read_and_write_each_calls_own_buffers():
 def test_autotune_records_a_tuning_that_rebuilds_byte_identical(tmp_path):
     """--autotune on this GPU at two shapes: the choice is in the manifest, the tuned package matches eager, and
     building again from it (--tuning, which needs no GPU) gives the same bytes."""
-    from tcexport.exporter.pipeline import export
+    from tcexport.exporter import export
     from tcexport.loader.archive import open_archive
 
     path, shapes_list = CASES["decoder"]

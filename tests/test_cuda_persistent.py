@@ -1,4 +1,4 @@
-"""Persistent GEMMs (codegen_triton.TritonWriter._persistent_gemm): a vocabulary-sized 16-bit GEMM over many rows
+"""Persistent GEMMs (exporter/cuda/gemm.py persistent_head): a vocabulary-sized 16-bit GEMM over many rows
 runs min(SM count, tiles) programs, each walking its tiles, with TMA descriptor loads. Checked without a GPU:
 the grids name the loader's SM count, the kernels run in Triton's interpreter (where the SM count is 3, so each
 program walks many tiles) against eager, and the sm_90 cubins declare the global scratch their descriptors need."""

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter.cuda.codegen import SMALL_M  # noqa: E402
+from tcexport.exporter.schedule.small_m import SMALL_M  # noqa: E402
 from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.schedule.split_k import slices  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from tcexport.exporter import pipeline  # noqa: E402
+from tcexport.exporter import export, pipeline  # noqa: E402
 from tcexport.exporter.tune.autotune import _canonical, _shape, candidates, families, parse_at, regenerate  # noqa: E402
 from tcexport.exporter.errors import BuildError, ExportError  # noqa: E402
 from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
@@ -29,42 +29,42 @@ DECODER = EXAMPLES / "decoder.py"
 
 def _export(tmp_path, name: str, **kw):
     spec = load_model_file(DECODER)
-    pkg = pipeline.export(spec.module, spec.example_inputs, spec.dynamic_shapes, kw.pop("targets", "cuda:sm_90"),
+    pkg = export(spec.module, spec.example_inputs, spec.dynamic_shapes, kw.pop("targets", "cuda:sm_90"),
                           name="decoder", source_path=str(DECODER), cache_dir=WORK / "cache-tuning", **kw)
     return pkg.save(tmp_path / f"{name}.tcpkg")
 
 
 @pytest.fixture(scope="module")
 def module_state():
-    st = pipeline.State(load_model_file(DECODER), [], ("cuda:sm_90",), build_cubins=False)
-    return pipeline.run_stages(st)
+    job = pipeline.Job(load_model_file(DECODER), targets=("cuda:sm_90",), build_cubins=False)
+    return pipeline.run_stages(job).inference
 
 
 def _tuning(st) -> dict:
     """Configs other than the heuristics' for an attention family and a GEMM family."""
-    fams = families(st.triton)
+    fams = families(st.cuda.module)
     attention = next(f for f in fams if f.kind == "attention")
     gemm = next(f for f in fams if f.kind == "gemm" and len(f.indexes) > 1)
     configs = {}
     for fam in (attention, gemm):
-        other = candidates(fam, *_shape(st.program, st.cuda_kernels, st.triton, fam.indexes[0]))[1]
-        configs |= {st.triton.launches[i].name: other for i in fam.indexes}
+        other = candidates(fam, *_shape(st.program, st.cuda.kernels, st.cuda.module, fam.indexes[0]))[1]
+        configs |= {st.cuda.module.launches[i].name: other for i in fam.indexes}
     return {"device": "NVIDIA H200", "at": [{"batch": 2, "seq": 8}], "configs": dict(sorted(configs.items()))}
 
 
 def test_families_group_the_layers_that_share_code(module_state):
     st = module_state
-    fams = families(st.triton)
-    names = [[st.triton.launches[i].name for i in f.indexes] for f in fams]
+    fams = families(st.cuda.module)
+    names = [[st.cuda.module.launches[i].name for i in f.indexes] for f in fams]
     # the decoder's two layers: one flash-attention family (and one of its variant for key lengths that are multiples
     # of 16, tuned apart: it has another grid), and their Q/K/V projections in one GEMM family
     attention = [n for n, f in zip(names, fams) if f.kind == "attention"]
     assert attention == [["k6_attention", "k19_attention"], ["k6_attention_a16", "k19_attention_a16"]]
     assert max(len(n) for n in names) >= 6
-    assert all(st.triton.tunable[n] in ("gemm", "attention") for group in names for n in group)
+    assert all(st.cuda.module.tunable[n] in ("gemm", "attention") for group in names for n in group)
     # every candidate is cut to the dims it runs over, and the current config comes first
     for f in fams:
-        cands = candidates(f, *_shape(st.program, st.cuda_kernels, st.triton, f.indexes[0]))
+        cands = candidates(f, *_shape(st.program, st.cuda.kernels, st.cuda.module, f.indexes[0]))
         assert cands[0] == f.config and len(cands) == len({json.dumps(c, sort_keys=True) for c in cands}) > 3
 
 
@@ -73,10 +73,10 @@ def test_every_candidate_keeps_one_code_and_parameter_list_per_family(module_sta
     parameters: that is only sound while, for every candidate, the members still share one code and their
     parameter lists are the ones the heuristic build has."""
     st = module_state
-    params = {l.name: l.params for l in st.triton.launches}
-    for fam in families(st.triton):
-        for cfg in candidates(fam, *_shape(st.program, st.cuda_kernels, st.triton, fam.indexes[0])):
-            regen, launches = regenerate(st.program, st.cuda_kernels, st.triton, fam, cfg)
+    params = {l.name: l.params for l in st.cuda.module.launches}
+    for fam in families(st.cuda.module):
+        for cfg in candidates(fam, *_shape(st.program, st.cuda.kernels, st.cuda.module, fam.indexes[0])):
+            regen, launches = regenerate(st.program, st.cuda.kernels, st.cuda.module, fam, cfg)
             assert {n: l.params for n, l in regen.items()} == {n: params[n] for n in regen}
             codes = {_canonical(codegen_module(launches), l) for l in regen.values()}
             assert len(codes) == 1, (fam.indexes, cfg)
@@ -85,7 +85,7 @@ def test_every_candidate_keeps_one_code_and_parameter_list_per_family(module_sta
 
 
 def codegen_module(launches):
-    from tcexport.exporter.cuda.codegen import TritonModule
+    from tcexport.exporter.cuda.module import TritonModule
 
     return TritonModule("", launches)
 

@@ -2,32 +2,28 @@
 
 The cache key is the hash of the source, the compiler's identity and the flags, so a rebuild of an unchanged
 model costs nothing and a CI job can keep the cache between runs; an entry is re-verified by content before it is
-reused (build_cache.py). Builds of several ISA levels run in parallel. Each is compiled with its level's name as
+reused (build_cache.py, which also holds what this build shares with the CUDA one: the cache folder, the
+build folders, the warnings). Builds of several ISA levels run in parallel. Each is compiled with its level's name as
 ``TC_ISA``, which the library's interface descriptor repeats (formats/abi.py). The cache is an optimisation: one
 that cannot be made, read or written costs a warning on stderr, never the export.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from tcexport.formats.abi import CPU_ISA_REQUIRES, ISA_MACRO, ISA_PLACEHOLDER
-from tcexport.formats.files import scratch_dir
 
-from tcexport.exporter.build_cache import BuildCache
-from tcexport.exporter.errors import BuildError, output_error
+from tcexport.exporter.build_cache import BuildCache, build_folder, default_cache_dir, print_warning, warn_once
+from tcexport.exporter.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -44,10 +40,6 @@ LIBRARIES = ("libgomp.so.1",)
 BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
               "-fno-plt", "-static-libstdc++", "-static-libgcc", "-Wall", "-Wno-unused-variable",
               "-Wno-unused-but-set-variable", "-Wno-unknown-pragmas", "-Wl,--build-id=none", "-ffile-prefix-map=/=/")
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("TCEXPORT_CACHE") or Path.home() / ".cache" / "tcexport") / "build"
 
 
 def compiler() -> str:
@@ -110,36 +102,6 @@ def build_all(source: str, isas=ISA_LEVELS, cache_dir: Path | None = None,
     finally:
         if cache is not None:
             cache.close()
-
-
-@contextlib.contextmanager
-def build_folder(prefix: str) -> Iterator[Path]:
-    """A scratch folder for one build, in the system temp folder (not the cache, which may be read-only), named
-    with this pid so that the next build removes it if this process is killed. Failing to write it (a full or
-    read-only temp folder) is an OutputError; other OSErrors (a missing compiler) pass through."""
-    try:
-        with scratch_dir(prefix) as tmp:
-            yield tmp
-    except OSError as e:
-        parent = Path(tempfile.gettempdir())
-        path = Path(e.filename) if e.filename is not None else parent / f"{prefix}{os.getpid()}-XXXXXXXX"
-        if not path.is_relative_to(parent):
-            raise
-        raise output_error("a build folder", path, e, "set TMPDIR to a writable folder with space") from e
-
-
-def print_warning(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def warn_once(warn: Callable[[str], None]) -> Callable[[str], None]:
-    """``warn`` for the first message only: every parallel build would say the same about the cache."""
-    said = threading.Lock()
-
-    def once(message: str) -> None:
-        if said.acquire(blocking=False):
-            warn(message)
-    return once
 
 
 def _keep_failed(cache: BuildCache | None, key: str, source: str) -> str:

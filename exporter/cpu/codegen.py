@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import sympy
@@ -17,7 +16,7 @@ import sympy
 from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO, ISA_PLACEHOLDER
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.schedule.fuse import Kernel, qvar
+from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Loop, flat_position
 from tcexport.exporter.ir.index_text import IndexText
 from tcexport.exporter.schedule.memory import MemoryPlan
 
@@ -73,7 +72,6 @@ REDUCE_STEP = {"sum": "{acc} += {v};", "prod": "{acc} *= {v};",  # max/min: see 
                "argmax": "if ({acc}_v == {acc}_v && ({v} > {acc}_v || {v} != {v})) {{ {acc}_v = {v}; {acc} = {idx}; }}",
                "argmin": "if ({acc}_v == {acc}_v && ({v} < {acc}_v || {v} != {v})) {{ {acc}_v = {v}; {acc} = {idx}; }}"}
 REDUCE_INIT.update({"argmax": "0", "argmin": "0"})
-ARG_REDUCTIONS = {"argmax": "max", "argmin": "min"}  # arg reduction -> the reduction whose init its value takes
 SIMD_REDUCTION = {"sum": "+", "prod": "*"}
 
 
@@ -154,7 +152,7 @@ def cconst(value, dtype: str) -> str:
 # value expressions
 
 
-class Emitter:
+class CppEmitter:
     """Renders values into a block of statements, one temporary per distinct subexpression."""
 
     def __init__(self, prog: ir.Program, locals_: dict, indent: str, names):
@@ -236,14 +234,6 @@ def _arg_dtype(v: ir.Op) -> str:
 # kernels
 
 
-@dataclass
-class Loop:
-    """A run of consecutive stages that share one inner loop (or one scalar block for "row")."""
-
-    level: str
-    stages: list
-
-
 def _store_body(k: Kernel, s) -> ir.Value:
     """The value a pointwise stage computes, in kernel loop variables; when it goes to memory, a final cast to
     the stored 16-bit float is left to the store, which rounds anyway (a kept local is never rounded)."""
@@ -266,34 +256,11 @@ def _element_weight(bodies) -> int:
     return 1 + sum(EXTRA_COST.get(v.op, 0) for v in ops)
 
 
-def _split_loops(k: Kernel) -> list[Loop]:
-    loops: list[Loop] = []
-    for s in k.stages:
-        reads = s.node.inputs()
-        prev = loops[-1] if loops else None
-        same = prev is not None and prev.level == s.level and s.level in ("reduce", "inner")
-        if same and s.level == "reduce" and reads & {p.node.out.name for p in prev.stages}:
-            same = False
-        if same:
-            prev.stages.append(s)
-        else:
-            loops.append(Loop(s.level, [s]))
-    return loops
-
-
 def _arg_value_init(node: ir.Node, acc: str) -> str:
     """The declaration of an arg reduction's value accumulator (typed like the reduced values)."""
     vt, op = node.body.dtype, ARG_REDUCTIONS[node.reduce_op]
     init = ((REDUCE_INIT_INT if vt not in ir.FLOAT_DTYPES else {}).get(op) or REDUCE_INIT[op]).format(T=CTYPE[vt])
     return f"{CTYPE[vt]} {acc}_v = {init};"
-
-
-def _flat_position(inner: tuple) -> sympy.Expr:
-    """The row-major position of (q0, q1, ...) in the inner loop nest: an arg reduction's result."""
-    pos = sympy.Integer(0)
-    for d, ext in enumerate(inner):
-        pos = pos * ext + qvar(d)
-    return pos
 
 
 def _for(var: str, extent, indent: str) -> str:
@@ -368,7 +335,7 @@ class CppKernelWriter:
 
         def stages(indent: str) -> list[str]:
             lines, locals_ = [], {}
-            for loop in _split_loops(k):
+            for loop in k.loops():
                 lines += self._loop(k, loop, locals_, indent)
             return lines
 
@@ -404,7 +371,7 @@ class CppKernelWriter:
         lines: list[str] = []
         if loop.level == "row":
             for s in loop.stages:
-                em = Emitter(self.prog, locals_, indent, self.names)
+                em = CppEmitter(self.prog, locals_, indent, self.names)
                 val = em.emit(_store_body(k, s))
                 lines += em.lines
                 lines += self._store(k, s, val, locals_, indent)
@@ -429,11 +396,11 @@ class CppKernelWriter:
                 reductions = " ".join(f"reduction({c})" for c in clauses)
                 lines.append(f"{indent}#pragma omp simd{collapse} {reductions}" + self._oob_clause())
         def step(inner_indent: str) -> list[str]:
-            em = Emitter(self.prog, locals_, inner_indent, self.names)
+            em = CppEmitter(self.prog, locals_, inner_indent, self.names)
             for s in loop.stages:
                 val = em.emit(_store_body(k, s) if loop.level != "reduce" else ir.subs_index(s.node.body, s.var_map))
                 if loop.level == "reduce":
-                    em.lines.append(inner_indent + plans[id(s)][0].format(v=val, idx=cindex(_flat_position(k.inner))))
+                    em.lines.append(inner_indent + plans[id(s)][0].format(v=val, idx=cindex(flat_position(k.inner))))
                 else:
                     em.lines += self._store(k, s, val, locals_, inner_indent)
             return em.lines
@@ -532,7 +499,7 @@ class CppKernelWriter:
 
         def element(indent: str) -> list[str]:
             flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
-            em = Emitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
+            em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
             val = em.emit(_without_final_round(node.body, node.out.dtype))
             return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
 

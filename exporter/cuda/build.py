@@ -3,7 +3,7 @@
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` needs no GPU. Pointer parameters are
 declared 16-byte aligned (the loader guarantees it: arena and weight offsets are 256-byte aligned and it
 copies a misaligned input), which lets Triton vectorise loads; so are the symbols of a launch's ``aligned`` (a
-variant that only runs where they are multiples of 16, codegen_triton.TritonWriter._unaligned). Line info is off
+variant that only runs where they are multiples of 16, cuda/launches.py unaligned_symbols). Line info is off
 so no build path reaches the binary, and results are cached by content (source, kernel, arch, Triton version),
 like the C++ build.
 """
@@ -23,16 +23,19 @@ from tcexport.formats.cubin import cubin_arch
 from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import MAX_SCRATCH, SCRATCH_ALIGN
 
-from tcexport.exporter.cpu.build import build_folder, print_warning, warn_once
-from tcexport.exporter.build_cache import BuildCache
-from tcexport.exporter.cuda.codegen import Launch, TritonModule
+from tcexport.exporter.build_cache import BuildCache, build_folder, print_warning, warn_once
+from tcexport.exporter.cuda.launches import TritonLaunch
+from tcexport.exporter.cuda.module import TritonModule
 from tcexport.exporter.errors import BuildError
+from tcexport.exporter.options import CudaOptions
 
 MODULE_NAME = "tcexport_kernels"
 
 
 @dataclass(frozen=True)
-class Cubin:
+class BuiltCubin:
+    """One kernel compiled for one arch (the manifest's form of it is formats.manifest.Cubin)."""
+
     kernel: str
     arch: int
     data: bytes
@@ -89,7 +92,7 @@ def shared_limit(arch: int) -> int:
     return SHARED_LIMIT.get(arch, 99 * 1024)
 
 
-def _compile_one(module, launch: Launch, arch: int) -> Cubin:
+def _compile_one(module, launch: TritonLaunch, arch: int, fp_fusion: bool = True) -> BuiltCubin:
     """One kernel for one arch. The tiles' pipeline depth is chosen for an H100/H200 (228 KB of shared memory a
     block); an arch with less (sm_86 and sm_89 have 99 KB) gets the same kernel with fewer stages, down to one,
     instead of a cubin that would fail to launch."""
@@ -108,7 +111,8 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
     while True:
         try:
             k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                               options={"num_warps": launch.num_warps, "num_stages": stages})
+                               options={"num_warps": launch.num_warps, "num_stages": stages,
+                                        "enable_fp_fusion": fp_fusion})
         except Exception as e:  # noqa: BLE001 - Triton raises many types; all mean the same thing here
             raise BuildError(f"Triton failed to compile kernel {launch.name} for sm_{arch} (a tcexport bug; please "
                              f"report it with the generated source from --dump):\n{type(e).__name__}: "
@@ -122,11 +126,11 @@ def _compile_one(module, launch: Launch, arch: int) -> Cubin:
                          f"{shared_limit(arch)}, even with a one-stage pipeline. Build for another arch, or report "
                          "it with the generated source from --dump.")
     _check_abi(launch, k.asm["ptx"], md, dependent)
-    return Cubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
+    return BuiltCubin(launch.name, arch, k.asm["cubin"], md.name, md.shared, md.num_warps,
                  md.global_scratch_size, md.global_scratch_align, dependent)
 
 
-def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
+def _check_abi(launch: TritonLaunch, ptx: str, md, dependent: bool) -> None:
     """The loader passes the non-constexpr parameters in order, then the global and the profile scratch
     pointers; a Triton whose kernels take anything else cannot be packaged by this tcexport. Global scratch
     (Triton's TMA descriptors, one region per program) is allocated for at most SM_COUNT programs, so only a
@@ -150,26 +154,28 @@ def _check_abi(launch: Launch, ptx: str, md, dependent: bool) -> None:
                          "Triton version pinned in pyproject.toml.")
 
 
-def _cache_key(source: str, launch: Launch, arch: int) -> str:
+def _cache_key(source: str, launch: TritonLaunch, arch: int, fp_fusion: bool) -> str:
     text = json.dumps([source, launch.name, arch, triton_version(), launch.num_warps, launch.num_stages,
                        sorted(launch.constexprs.items()), shared_limit(arch), list(launch.aligned),
-                       launch.persistent])
+                       launch.persistent, fp_fusion])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dict[int, list[Cubin]]:
-    """Every kernel for every arch, in launch order; cached by content (build_cache.py: a cached cubin is reused
-    only if it hashes as stored, is for this arch and holds this kernel)."""
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path,
+                 options: CudaOptions = CudaOptions()) -> dict[int, list[BuiltCubin]]:
+    """Every kernel for every arch, in launch order; cached by content and by the options that change the binary
+    (build_cache.py: a cached cubin is reused only if it hashes as stored, is for this arch and holds this
+    kernel). ``options.fp_fusion`` is Triton's ``enable_fp_fusion``, passed to the compile, never set in the
+    process environment."""
     warn = warn_once(print_warning)
     cache = BuildCache.open(cache_dir / "cuda", warn)   # None: build uncached (a warning said why)
     try:
-        out, todo = _cached_cubins(module, archs, cache)
+        out, todo = _cached_cubins(module, archs, cache, options.fp_fusion)
         if todo:
             with build_folder("tcexport-triton-") as tmp:
                 path = Path(tmp) / f"{MODULE_NAME}.py"
                 path.write_text(module.source)
-                jobs = [(str(path), launch, arch) for arch, _, launch, _ in todo]
+                jobs = [(str(path), launch, arch, options.fp_fusion) for arch, _, launch, _ in todo]
                 workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
                 results = [_compile_job(job) for job in jobs] if workers == 1 else \
                     _compile_in_processes(jobs, workers, tmp)
@@ -186,13 +192,14 @@ def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path) -> dic
             cache.close()
 
 
-def _cached_cubins(module: TritonModule, archs: list[int], cache: BuildCache | None) -> tuple[dict, list]:
+def _cached_cubins(module: TritonModule, archs: list[int], cache: BuildCache | None,
+                   fp_fusion: bool) -> tuple[dict, list]:
     """The cubins the cache holds (None where it does not) and the (arch, index, launch, key) left to compile."""
     out: dict[int, list] = {}
     todo = []
     for arch in archs:
         for launch in module.launches:
-            key = _cache_key(module.source, launch, arch)
+            key = _cache_key(module.source, launch, arch, fp_fusion)
             hit = cache.get(key, ".cubin", lambda data, arch=arch: _is_cubin_for(data, arch)) \
                 if cache is not None else None
             cubin = _from_record(launch, arch, *hit) if hit is not None else None
@@ -209,17 +216,17 @@ def _is_cubin_for(data: bytes, arch: int) -> bool:
         return False
 
 
-def _from_record(launch: Launch, arch: int, data: bytes, m: dict) -> Cubin | None:
+def _from_record(launch: TritonLaunch, arch: int, data: bytes, m: dict) -> BuiltCubin | None:
     """The cached cubin, if its record is complete and its function is in the binary."""
     try:
-        c = Cubin(launch.name, arch, data, str(m["function"]), int(m["shared"]), int(m["num_warps"]),
+        c = BuiltCubin(launch.name, arch, data, str(m["function"]), int(m["shared"]), int(m["num_warps"]),
                   int(m["global_scratch"]), int(m["global_scratch_align"]), bool(m.get("dependent", False)))
     except (KeyError, TypeError, ValueError):
         return None
     return c if c.function.encode() in data else None
 
 
-def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
+def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[BuiltCubin]:
     """Jobs split over ``workers`` child processes (``python -m tcexport.exporter.cuda.build``): Triton's
     front end parses Python ASTs, which CPython 3.11 cannot do in threads, and a multiprocessing pool would
     re-run the caller's main script in each worker."""
@@ -230,8 +237,8 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
         spec.write_text(json.dumps([{"path": p, "arch": a, "name": l.name, "signature": l.signature,
                                      "constexprs": l.constexprs, "num_warps": l.num_warps,
                                      "num_stages": l.num_stages, "aligned": list(l.aligned),
-                                     "persistent": l.persistent}
-                                    for p, l, a in chunk]))
+                                     "persistent": l.persistent, "fp_fusion": fp}
+                                    for p, l, a, fp in chunk]))
         procs.append(subprocess.Popen([sys.executable, "-m", "tcexport.exporter.cuda.build", str(spec)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     by_job = {}
@@ -241,7 +248,7 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[Cubin]:
             raise BuildError(f"a Triton compile worker failed (exit {proc.returncode}):\n{err[-4000:]}")
         results = json.loads((Path(tmp) / f"jobs{k}.json.out").read_text())
         for job, r in zip(chunk, results):
-            by_job[id(job)] = Cubin(r["kernel"], r["arch"], bytes.fromhex(r["data"]), r["function"], r["shared"],
+            by_job[id(job)] = BuiltCubin(r["kernel"], r["arch"], bytes.fromhex(r["data"]), r["function"], r["shared"],
                                     r["num_warps"], r["global_scratch"], r["global_scratch_align"], r["dependent"])
     return [by_job[id(job)] for job in jobs]
 
@@ -250,10 +257,10 @@ def _worker_main(spec_path: str) -> int:
     jobs = json.loads(Path(spec_path).read_text())
     out = []
     for j in jobs:
-        launch = Launch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"],
+        launch = TritonLaunch(j["name"], [], j["signature"], j["constexprs"], (), j["num_warps"], j["num_stages"],
                         aligned=tuple(j["aligned"]), persistent=j["persistent"])
         try:
-            c = _compile_job((j["path"], launch, j["arch"]))
+            c = _compile_job((j["path"], launch, j["arch"], j["fp_fusion"]))
         except BuildError as e:
             print(str(e), file=sys.stderr)
             return 1
@@ -267,18 +274,18 @@ def _worker_main(spec_path: str) -> int:
 _MODULES: dict = {}
 
 
-def _compile_job(job) -> Cubin:
+def _compile_job(job) -> BuiltCubin:
     """One kernel for one arch, in this process (a pool worker imports the generated module once)."""
     import triton
 
-    path, launch, arch = job
+    path, launch, arch, fp_fusion = job
     module = _MODULES.get(path)
     if module is None:
         module = _MODULES[path] = _load_module(Path(path).read_text(), Path(path).parent, write=False)
     previous = triton.knobs.compilation.disable_line_info
     triton.knobs.compilation.disable_line_info = True
     try:
-        return _compile_one(module, launch, arch)
+        return _compile_one(module, launch, arch, fp_fusion)
     finally:
         triton.knobs.compilation.disable_line_info = previous
 

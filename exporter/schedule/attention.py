@@ -17,7 +17,7 @@ from __future__ import annotations
 import sympy
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.schedule.fuse import Kernel
+from tcexport.exporter.ir.kernels import Kernel
 
 MAX_HEAD_DIM = 256  # q/k/v tiles of up to this many columns stay in registers
 

@@ -15,55 +15,14 @@ from __future__ import annotations
 
 import functools
 
-from dataclasses import dataclass, field
-
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from tcexport.exporter.ir import loops as ir
+from tcexport.exporter.ir.kernels import Kernel, Stage, ovar, qvar, verify_kernels
 
 EXPENSIVE_OPS = {"exp", "log", "erf", "tanh", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos", "div",
                  "log1p", "expm1", "atan2", "exp2", "log2", "tan", "atan"}
-
-
-@dataclass
-class Stage:
-    node: ir.Node
-    level: str  # "reduce": inner loop accumulating; "row": once per outer point; "inner": inner loop storing
-    var_map: dict  # node index variable -> kernel index expression
-
-
-@dataclass
-class Kernel:
-    name: str
-    kind: str  # "loops" | "gemm"
-    outer: tuple
-    inner: tuple
-    stages: list = field(default_factory=list)
-    local: set = field(default_factory=set)  # buffers held in registers, never stored
-    when: object = None    # GPU only: a 0/1 expression of the symbols; the kernel runs where it is 1 (split_k.py)
-    small_m: bool = False  # GPU only: a GEMM that only ever sees at most SMALL_M rows (split_k.py's slices)
-
-    @property
-    def nodes(self):
-        return [s.node for s in self.stages]
-
-    def writes(self) -> list[str]:
-        return [s.node.out.name for s in self.stages if s.node.out.name not in self.local]
-
-    def __str__(self):
-        head = f"{self.name} [{self.kind}] outer={list(self.outer)} inner={list(self.inner)}"
-        if self.local:
-            head += f" registers={sorted(self.local)}"
-        return "\n".join([head] + [f"    {s.level:6} {s.node}" for s in self.stages])
-
-
-def ovar(k):
-    return sympy.Symbol(f"o{k}", integer=True, nonnegative=True)
-
-
-def qvar(k):
-    return sympy.Symbol(f"q{k}", integer=True, nonnegative=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -414,7 +373,7 @@ def group(prog: ir.Program) -> list[Kernel]:
                     placed = True
                     break
         if not placed:
-            kernels.append(_new_kernel(node, len(kernels)))
+            kernels.append(new_kernel(node, len(kernels)))
             produced_by[node.out.name] = len(kernels) - 1
     _mark_locals(prog, kernels)
     for i, k in enumerate(kernels):
@@ -422,7 +381,8 @@ def group(prog: ir.Program) -> list[Kernel]:
     return kernels
 
 
-def _new_kernel(node: ir.Node, index: int) -> Kernel:
+def new_kernel(node: ir.Node, index: int) -> Kernel:
+    """The kernel of one node alone (a GEMM template, or a loop kernel of its rows), which fusion then grows."""
     if node.kind == "gemm":
         k = Kernel("", "gemm", tuple(node.ranges), ())
         k.stages.append(Stage(node, "gemm", {}))
@@ -467,4 +427,6 @@ def fuse(prog: ir.Program) -> list[Kernel]:
     prog.verify()
     absorb_epilogues(prog)  # inlining can leave a GEMM output with one reader (x + 0.044715 * x**3 -> GELU)
     prog.verify()
-    return group(prog)
+    kernels = group(prog)
+    verify_kernels(kernels)
+    return kernels

@@ -13,7 +13,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.schedule.fuse import Kernel
+from tcexport.exporter.ir.kernels import Kernel
 
 ALIGN = 64
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,

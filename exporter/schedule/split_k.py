@@ -19,8 +19,10 @@ import dataclasses
 import sympy
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.cuda.codegen import SMALL_M, symbol_bounds, upper_bound
-from tcexport.exporter.schedule.fuse import Kernel, _new_kernel
+from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
+from tcexport.exporter.ir.kernels import Kernel
+from tcexport.exporter.schedule.fuse import new_kernel
+from tcexport.exporter.schedule.small_m import SMALL_M
 
 MIN_K = 1024        # K from which splitting pays: at least 4 slices of 256
 SLICE_K = 256       # a slice covers at least this much of K (2 steps of the template's 128-wide K blocks)
@@ -76,8 +78,8 @@ def _split(prog: ir.Program, k: Kernel, bounds: dict) -> list[Kernel] | None:
     p_node = ir.Node(f"{node.name}_slices", "gemm", partial, gemm=ir.Gemm(a, b, sympy.Integer(s), g.m, g.n, width),
                      source=node.source)
     r_node = ir.Node(f"{node.name}_sum", "pointwise", out, body=_summed(node, partial, s), source=node.source)
-    p = _new_kernel(p_node, 0)
-    r = _new_kernel(r_node, 0)
+    p = new_kernel(p_node, 0)
+    r = new_kernel(r_node, 0)
     p.name, r.name = f"{k.name}_slices", f"{k.name}_sum"
     p.small_m = True
     if m_max <= SMALL_M:

@@ -1,6 +1,10 @@
 """`--autotune`: on a machine with a GPU, choose each GEMM's and attention kernel's tiles by measuring them inside
-the whole model, and record the choice in the manifest (``cuda.tuning``) so a rebuild without a GPU
-(``--tuning PKG``) makes the same archive.
+the whole model, and return the choice (the manifest's ``cuda.tuning``) that an ordinary export then builds with
+(``export(..., tuning=...)``), so a rebuild without a GPU (``--tuning PKG``) makes the same archive.
+
+A tool above the pipeline, not a stage in it: ``tune`` runs the pipeline's stages up to the Triton module,
+measures, and returns a tuning; ``tcexport.exporter.export(autotune=True)`` and the CLI's ``--autotune`` call it
+and then export with what it returned.
 
 Why the whole model: a kernel timed alone keeps its operands in L2, and its winner can lose in the model (GPT-2's
 768-column down-projection: 14.1 against 15.2 us alone, 20.5 against 16 in the model). Each *family* of launches
@@ -20,9 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from tcexport.exporter.cuda import codegen as codegen_triton
-from tcexport.exporter.cuda.codegen import GemmConfig, fit_gemm, standalone
+from tcexport.exporter.cuda import module as codegen_triton
+from tcexport.exporter.cuda.exprs import HALF, next_pow2
+from tcexport.exporter.cuda.launches import kernel_launches
+from tcexport.exporter.cuda.module import standalone
+from tcexport.exporter.cuda.tiles import GemmConfig, fit_gemm
+from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
+from tcexport.exporter.schedule.small_m import SMALL_M
 from tcexport.exporter.errors import BuildError, ExportError
+from tcexport.exporter.options import CudaOptions
 
 NOISE = 0.01  # a candidate must beat the current choice by this fraction of the model's time
 CALLS = 20  # graph replays per timing
@@ -78,7 +88,7 @@ def candidates(family: Family, dtype: str, bounds: tuple) -> list[dict]:
     """The family's candidate configs (its current one first), each cut to the dims it runs over: ``bounds`` is
     (M, N, K) of a GEMM, (M,) of attention (query rows); ``dtype`` the operands' (the dot's for mixed ones)."""
     c = family.config
-    half = dtype in codegen_triton.HALF
+    half = dtype in HALF
     out = [c]
     if family.kind == "gemm":
         for bm, bn, bk, warps, stages in GEMM_HALF if half else GEMM_FLOAT:
@@ -88,7 +98,7 @@ def candidates(family: Family, dtype: str, bounds: tuple) -> list[dict]:
     else:
         (m,) = bounds
         for bm, bn, warps, stages in ATTENTION_HALF if half else ATTENTION_FLOAT:
-            bm = bm if m is None else min(bm, max(16, codegen_triton.next_pow2(m)))
+            bm = bm if m is None else min(bm, max(16, next_pow2(m)))
             out.append({**c, "BM": bm, "BN": bn, "num_warps": warps, "num_stages": stages})
     unique = []
     for cfg in out:
@@ -101,19 +111,19 @@ def _shape(prog, kernels, module, index) -> tuple[str, tuple]:
     """(dtype, bounds) of a tunable launch, for ``candidates``."""
     k = kernels[module.owners[index]]
     g = k.stages[0].node.gemm
-    bounds = codegen_triton.symbol_bounds(prog)
+    bounds = symbol_bounds(prog)
     a, b = prog.buffers[g.a.buffer].dtype, prog.buffers[g.b.buffer].dtype
     dims = (g.m, g.n, g.k) if k.kind == "gemm" else (g.m,)
-    out = [codegen_triton.upper_bound(e, bounds) for e in dims]
+    out = [upper_bound(e, bounds) for e in dims]
     if k.small_m:  # split-K slices: at most SMALL_M rows
-        out[0] = codegen_triton.SMALL_M if out[0] is None else min(out[0], codegen_triton.SMALL_M)
+        out[0] = SMALL_M if out[0] is None else min(out[0], SMALL_M)
     return (a if a == b else g.acc_dtype), tuple(out)
 
 
 class Bench:
     """A package of the current module loaded on this GPU, timed as a whole at each requested shape."""
 
-    def __init__(self, st, arch: int, at: list, folder: Path):
+    def __init__(self, r, arch: int, at: list, folder: Path):
         import torch
 
         from tcexport.loader.archive import open_archive
@@ -123,15 +133,19 @@ class Bench:
         from tcexport.exporter.cuda import build as build_cuda
 
         self.torch = torch
-        cubins = build_cuda.build_cubins(st.triton, [arch], st.cache_dir or _default_cache())
-        lean = dataclasses.replace(st, targets=(f"cuda:sm_{arch}",), cubins=cubins, libraries={}, cpp="",
-                                   training=None, train_states={}, backward=False, onnx=None, tuning=None)
+        from tcexport.exporter.pipeline import INFERENCE, Results
+
+        g, job = r.inference, r.job
+        cubins = build_cuda.build_cubins(g.cuda.module, [arch], job.cache_dir or _default_cache(), job.cuda_options)
+        # the inference graph alone, for this arch, with the current module's cubins: a package to time
+        lean_job = dataclasses.replace(job, targets=(f"cuda:sm_{arch}",), backward=False, onnx=False, tuning=None)
+        lean = Results(lean_job, {INFERENCE: dataclasses.replace(g, cuda=dataclasses.replace(g.cuda, cubins=cubins))})
         path = package(lean, "autotune").save(folder / "autotune.tcpkg")
         self.device = Device(torch.cuda.current_device())
         self.model = CudaModel(open_archive(path), self.device, check_indices=False)  # no host sync per call
-        self.params = {l.name: l.params for l in st.triton.launches}
+        self.params = {l.name: l.params for l in g.cuda.module.launches}
         self.modules: list = []  # the candidates' CUDA modules, unloaded by close()
-        self.inputs = [_inputs(self.model, st.spec, sizes) for sizes in at]
+        self.inputs = [_inputs(self.model, job.spec, sizes) for sizes in at]
         self.at = [{s.name: env[s.name] for s in self.model.manifest.symbols} for env in
                    (self.model._bind(xs, {}, None)[2] for xs in self.inputs)]
         self.reference = [self._outputs(xs) for xs in self.inputs]
@@ -217,7 +231,7 @@ class Bench:
 
 
 def _default_cache():
-    from tcexport.exporter.cpu.build import default_cache_dir
+    from tcexport.exporter.build_cache import default_cache_dir
 
     return default_cache_dir()
 
@@ -286,13 +300,32 @@ def require_gpu(targets) -> int:
     return arch
 
 
-def autotune(st, at: list[dict]) -> tuple[dict, str]:
-    """Tune st.triton on this machine's GPU; returns the manifest's ``cuda.tuning`` and a report for --dump."""
-    arch = require_gpu(st.targets)
+def tune(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cuda:sm_90",), *, at=(),
+         dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
+         cuda_options: CudaOptions | None = None) -> tuple[dict, str]:
+    """A tuning for ``model`` measured on this machine's GPU at the example inputs, or at each of ``at``
+    ("batch=8" strings): (the manifest's ``cuda.tuning``, a report). The graph is captured as the export will
+    capture it (``backward`` changes the inference graph: a training package folds no weights), so the launch
+    names the tuning records are the export's."""
+    from tcexport.exporter.pipeline import make_job, parse_targets, run_stages
+
+    arch = require_gpu(parse_targets(targets))
+    sizes = parse_at(at)
+    job = make_job(model, example_inputs, dynamic_shapes, (f"cuda:sm_{arch}",), dynamic=dynamic, cache_dir=cache_dir,
+                   source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=False,
+                   cuda_options=cuda_options)
+    return autotune(run_stages(job), sizes)
+
+
+def autotune(r, at: list[dict]) -> tuple[dict, str]:
+    """Tune the inference graph's Triton module of the pipeline's results ``r`` on this machine's GPU; returns the
+    manifest's ``cuda.tuning`` and a report for --dump."""
+    arch = require_gpu(r.job.targets)
     t0 = time.perf_counter()
-    module, prog, kernels = st.triton, st.program, st.cuda_kernels
+    g = r.inference
+    module, prog, kernels = g.cuda.module, g.program, g.cuda.kernels
     with tempfile.TemporaryDirectory(prefix="tcexport-autotune-") as tmp:
-        bench = Bench(st, arch, at, Path(tmp))
+        bench = Bench(r, arch, at, Path(tmp))
         try:
             heuristic = list(bench.model._kernels)
             base = bench.time()
@@ -313,7 +346,7 @@ def autotune(st, at: list[dict]) -> tuple[dict, str]:
                 if not any(_runs(bench.model._kernels[fam.indexes[0]], env) for env in bench.at):
                     report.append(line + ": not run at the requested shapes; heuristic kept")
                     continue
-                compiled = _compile(prog, kernels, module, fam, cands, arch, st)
+                compiled = _compile(prog, kernels, module, fam, cands, arch, r.job)
                 results = []
                 for cfg, (regen, cubin) in zip(cands, compiled):
                     if cubin is None:
@@ -363,39 +396,39 @@ def _runs(kernel, env: dict) -> bool:
     return min(ex.evaluate(g, env) for g in kernel.grid) > 0
 
 
-def regenerate(prog, kernels, module, fam: Family, cfg: dict) -> tuple[dict, list]:
+def regenerate(prog, kernels, module, fam: Family, cfg: dict, options: CudaOptions = CudaOptions()) -> tuple[dict, list]:
     """The family's launches generated with ``cfg`` (by name), and every launch of their kernels (the aliases
     among them point into that list)."""
     owners = sorted({module.owners[i] for i in fam.indexes})
     names = [module.launches[i].name for i in fam.indexes]
-    writer = codegen_triton.TritonWriter(prog, {name: cfg for name in names})
-    launches = [l for o in owners for l in writer.kernels(kernels[o], module.owners.index(o))]
+    tuned = {name: cfg for name in names}
+    launches = [l for o in owners for l in kernel_launches(prog, kernels[o], module.owners.index(o), tuned, options)]
     return {l.name: l for l in launches if l.name in names}, launches
 
 
-def _compile(prog, kernels, module, fam: Family, cands: list, arch: int, st) -> list:
+def _compile(prog, kernels, module, fam: Family, cands: list, arch: int, job) -> list:
     """Per candidate: (the family's launches regenerated with it, by name; the representative's cubin or None)."""
     from tcexport.exporter.cuda import build as build_cuda
 
     first = module.launches[fam.indexes[0]].name
     regens, reps = [], []
     for n, cfg in enumerate(cands):
-        regen, launches = regenerate(prog, kernels, module, fam, cfg)
+        regen, launches = regenerate(prog, kernels, module, fam, cfg, job.cuda_options)
         regens.append(regen)
         rep = regen[first]
         alias = f"{rep.name}_t{n}"
         source = standalone(launches, rep).replace(f"def {rep.name}(", f"def {alias}(")
-        reps.append(dataclasses.replace(rep, name=alias, source=source))
+        reps.append(dataclasses.replace(rep, name=alias, source=source, alias_of=""))
     source = "\n\n".join([codegen_triton.PRELUDE] + [r.source for r in reps])
-    cache = st.cache_dir or _default_cache()
+    cache = job.cache_dir or _default_cache()
     try:
-        built = build_cuda.build_cubins(codegen_triton.TritonModule(source, reps), [arch], cache)[arch]
+        built = build_cuda.build_cubins(codegen_triton.TritonModule(source, reps), [arch], cache, job.cuda_options)[arch]
     except BuildError:  # one candidate Triton cannot compile (too much shared memory): the others one by one
         built = []
         for r in reps:
             try:
                 built += build_cuda.build_cubins(codegen_triton.TritonModule(
-                    "\n\n".join([codegen_triton.PRELUDE, r.source]), [r]), [arch], cache)[arch]
+                    "\n\n".join([codegen_triton.PRELUDE, r.source]), [r]), [arch], cache, job.cuda_options)[arch]
             except BuildError:
                 built.append(None)
     return list(zip(regens, built))

@@ -1,6 +1,6 @@
 """A vocabulary-sized bfloat16 LM head (weight [N, K] with an odd N, as GPT-2's 50257) and a projection by a
 [K, N] parameter with a GELU. Over 256 rows the GPU runs both as persistent GEMMs reading through TMA
-descriptors (codegen_triton.TritonWriter._persistent_gemm); up to 256 rows as one program per tile."""
+descriptors (exporter/cuda/gemm.py persistent_head); up to 256 rows as one program per tile."""
 
 import torch
 from torch import nn

@@ -1,0 +1,122 @@
+"""Attention kernels in Triton (the GPU schedule fused them: schedule/attention.py): flash attention over blocks of
+keys with an online softmax, the scores GEMM's epilogue (scale, mask) and the PV GEMM's epilogue fused in; the
+scores and probabilities never reach memory. Its body does not depend on its tiles, which are data
+(cuda/tiles.py ``attention_config``, or a tuning).
+"""
+
+from __future__ import annotations
+
+import sympy
+from torch.utils._sympy.functions import FloorDiv
+
+from tcexport.exporter.cuda.exprs import HALF, TL_TYPE, TritonEmitter, stored, tindex
+from tcexport.exporter.cuda.gemm import dot_kind, epilogue, gemm_coords, matrix_coords, operand_ptr, rows_address
+from tcexport.exporter.cuda.scope import LaunchScope
+from tcexport.exporter.cuda.tiles import AttentionConfig, Geometry, attention_config
+from tcexport.exporter.ir import loops as ir
+from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
+from tcexport.exporter.ir.kernels import Kernel
+from tcexport.exporter.schedule.attention import scores as attention_scores
+
+
+def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
+    """Flash attention: per block of query rows, loop over blocks of keys computing the scores (with the
+    scores GEMM's epilogue: scale, mask), an online softmax (running max and sum, the accumulator rescaled
+    as the max grows) and the probabilities times the values; then the PV GEMM's epilogue. A row whose
+    scores are all -inf gives NaN, as the unfused softmax does."""
+    qk, pv = k.stages[0].node, k.stages[-1].node
+    g1, g2 = qk.gemm, pv.gemm
+    v_dtype = sc.prog.buffers[g2.b.buffer].dtype
+    precision1, widen_q, widen_k = dot_kind(sc.prog, g1)
+    # against 16-bit values the float32 probabilities go in as two 16-bit parts, p = hi + lo, in two native
+    # dots: about 16 bits of p where flash attention keeps 8 (bf16; that was 2% off on a bf16 op-table
+    # sample) and tf32 10, and faster than the tf32 dot with widened values (H200, GPT-2 small at batch 8)
+    split_p = v_dtype in HALF
+    cast = ".to(tl.int64)" if sc.bits == 64 else ""
+    ind, body = "    ", "        "
+    lines = [
+        f"{ind}M = {tindex(g1.m)}",
+        f"{ind}N = {tindex(g1.n)}",
+        f"{ind}D = {tindex(g1.k)}",
+        f"{ind}DV = {tindex(g2.n)}",
+        f"{ind}pid = tl.program_id(0){cast}",
+        f"{ind}bid = tl.program_id(1){cast}",
+        f"{ind}rm = pid * BM + tl.arange(0, BM)",
+        f"{ind}rd = tl.arange(0, BD)",
+        f"{ind}rv = tl.arange(0, BDV)",
+        f"{ind}rn0 = tl.arange(0, BN)",
+    ]
+    q_ptrs = operand_ptr(sc, g1.a, "bid", "rm[:, None]", "rd[None, :]", lines, ind)
+    lines += [
+        f"{ind}q = tl.load({q_ptrs}, mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0){widen_q}",
+        f"{ind}m_i = tl.full((BM,), float('-inf'), tl.float32)",
+        f"{ind}l_i = tl.zeros((BM,), dtype=tl.float32)",
+        f"{ind}acc = tl.zeros((BM, BDV), dtype=tl.float32)",
+        f"{ind}for kk in range(0, tl.cdiv(N, BN)):",
+        f"{body}rn = kk * BN + rn0",
+    ]
+    k_ptrs = operand_ptr(sc, g1.b, "bid", "rd[:, None]", "rn[None, :]", lines, body)
+    lines += [
+        f"{body}kt = tl.load({k_ptrs}, mask=(rd[:, None] < D) & (rn[None, :] < N), other=0.0){widen_k}",
+        f"{body}s = tl.dot(q, kt{precision1})",
+        f"{body}smask = (rm[:, None] < M) & (rn[None, :] < N)",
+    ]
+    if qk.body is not None:
+        lines += gemm_coords(qk, "rm[:, None]", "rn[None, :]", body)
+    s = epilogue(sc, qk, "s", "smask", body, lines)
+    value, s_load = attention_scores(k)  # what the softmax applied to the scores (a mask fused there)
+    if value != s_load:
+        lines += matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", body)
+        em = TritonEmitter(sc, {}, body, "smask", col=ir.ivar(len(k.stages[3].node.out.shape) - 1))
+        em.memo[s_load] = s
+        s = em.tensor(value)
+        lines += em.lines
+    v_ptrs = operand_ptr(sc, g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
+    lines += _online_softmax_step(s, v_ptrs, v_dtype if split_p else None, body)
+    lines += [
+        f"{body}m_i = m_new",
+        f"{ind}acc = acc / l_i[:, None]",
+        f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
+    ]
+    if pv.body is not None:
+        lines += gemm_coords(pv, "rm[:, None]", "rv[None, :]", ind)
+    val = epilogue(sc, pv, "acc", "mask", ind, lines)
+    sc.addresses.append(rows_address(g1, g2.n))
+    lines.append(f"{ind}tl.store({sc.use(pv.out.name)} + bid * (M * DV) + rm[:, None] * DV + rv[None, :], "
+                 f"{stored(val, pv.out.dtype)}, mask=mask)")
+    return lines
+
+
+def attention_tiles(prog: ir.Program, k: Kernel) -> AttentionConfig:
+    """The heuristic tiles of an attention kernel (tiles.attention_config) from its head dims and query rows."""
+    g1, g2 = k.stages[0].node.gemm, k.stages[-1].node.gemm
+    q_dtype = prog.buffers[g1.a.buffer].dtype
+    return attention_config(q_dtype, int(g1.k), int(g2.n), upper_bound(g1.m, symbol_bounds(prog)))
+
+
+def attention_geometry(k: Kernel, cfg: AttentionConfig) -> Geometry:
+    g1 = k.stages[0].node.gemm
+    grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(1))
+    constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
+    return Geometry(grid, constexprs, cfg.num_warps, cfg.num_stages)
+
+
+def _online_softmax_step(s: str, v_ptrs: str, split_dtype: str | None, body: str) -> list[str]:
+    """One block of keys: the running max and sum updated, the accumulator rescaled and the probabilities times
+    the values added (as two 16-bit parts when ``split_dtype`` is the values' 16-bit type)."""
+    lines = [
+        f"{body}s = tl.where(rn[None, :] < N, {s}, float('-inf'))",
+        f"{body}m_new = tl.maximum(m_i, tl.max(s, 1))",
+        f"{body}m_use = tl.where(m_new == float('-inf'), 0.0, m_new)",
+        f"{body}alpha = tl.exp(m_i - m_use)",
+        f"{body}p = tl.exp(s - m_use[:, None])",
+        f"{body}l_i = l_i * alpha + tl.sum(p, 1)",
+        f"{body}v = tl.load({v_ptrs}, mask=(rn[:, None] < N) & (rv[None, :] < DV), other=0.0)",
+    ]
+    if split_dtype is not None:
+        return lines + [
+            f"{body}p_hi = p.to({TL_TYPE[split_dtype]})",
+            f"{body}acc = tl.dot((p - p_hi.to(tl.float32)).to({TL_TYPE[split_dtype]}), v, acc * alpha[:, None])",
+            f"{body}acc = tl.dot(p_hi, v, acc)",
+        ]
+    return lines + [f'{body}acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")']
