@@ -84,7 +84,7 @@ def package_kernel_variants(path: Path, device, a, w, c) -> None:
     from triton.testing import do_bench
 
     from tcexport.exporter.cuda import build as build_cuda
-    from tcexport.exporter.cuda.codegen import Launch
+    from tcexport.exporter.cuda.launches import TritonLaunch as Launch
     from tcexport.loader.archive import open_archive
     from tcexport.loader.native_cuda import ParamBlock
 

@@ -14,7 +14,7 @@ import torch
 
 from tcexport.formats.files import write_atomically
 
-from tcexport.exporter.cpu.build import build_folder
+from tcexport.exporter.build_cache import build_folder
 from tcexport.exporter.errors import ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec
 

@@ -198,7 +198,7 @@ def persistent_head(sc: LaunchScope, g: ir.Gemm, cast: str, ind: str) -> tuple[l
         f"{body}    acc = tl.dot(a, b, acc)",
         # the tile's indices only after its loop (live across it, they took registers from the pipeline), and
         # its mask in 32 bits: with 64-bit indices there, GPT-2's LM head kernel took 202 us alone against 143
-        # (python -m bench.gpu_lm_head_probe); the epilogue and the store take them widened
+        # (python -m bench.probes.lm_head); the epilogue and the store take them widened
         f"{body}rm = pid_m * BM + tl.arange(0, BM)",
         f"{body}rn = pid_n * BN + tl.arange(0, BN)",
         f"{body}mask = (rm[:, None] < tl.cast(M, tl.int32)) & (rn[None, :] < tl.cast(N, tl.int32))",

@@ -31,7 +31,7 @@ from tcexport.exporter.options import CudaOptions
 # the one before it finishes, and waits at its top until that one's writes are visible, before touching memory;
 # where it lets the next kernel launch is CudaOptions.dependent_trigger. After its last store (the default)
 # measured best for GPT-2 small on an H200: batch 8 826 us a call, against 874 at the top and 865 with ordinary
-# edges; batch 1 446 against 461 and 481 (the dependent-launch probe in bench/). Without the launch attribute
+# edges; batch 1 446 against 461 and 481 (python -m bench.probes.dependent_launch). Without the launch attribute
 # both are no-ops; the interpreter never compiles them.
 _WAIT = ["    if DEPENDENT:", "        gdc_wait()"]
 _TRIGGER = ["    if DEPENDENT:", "        gdc_launch_dependents()"]
@@ -193,7 +193,7 @@ def unaligned_symbols(addresses: list, bounds: dict) -> set:
     """The shape symbols that scale an address of a rendered launch (its scope's ``addresses``) by a factor that is not a
     multiple of ALIGN elements: a mask's row stride ``seq`` in ``i0*seq*seq + i2*seq + i3``. An ahead-of-time
     build cannot know them divisible, so Triton loads such rows element by element (GPT-2's attention mask:
-    9.2 against 6.8 us a layer on an H200, bench/gpu_attention_probe.py --mask); the kernel gets a second
+    9.2 against 6.8 us a layer on an H200, bench/probes/attention.py --mask); the kernel gets a second
     cubin compiled knowing them multiples of ALIGN (Triton's ``tt.divisibility``, what its JIT specialises on),
     launched where they are."""
     needs = []  # per unaligned term, the symbols scaling it: any one of them a multiple of ALIGN aligns it

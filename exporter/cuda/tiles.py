@@ -107,8 +107,8 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     gemm.tma_views), is persistent: one program per SM walks its tiles and Triton pipelines the next
     tile's loads under this one's epilogue. GPT-2's LM head at 1024 rows, 128x256x64 tiles: in the model 134 us
     with 4 stages, against 175 us one program per tile, and a call 785 against 827 us (python -m
-    bench.gpu_lm_head_probe); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
-    without flattening the tile loop, it was no faster alone (python -m bench.gpu_persistent_gemm_probe)."""
+    bench.probes.lm_head); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
+    without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm)."""
     if dtype in HALF:
         if n_max is not None and n_max <= 1024 and not small_m:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 5

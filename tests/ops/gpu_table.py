@@ -20,7 +20,6 @@ With --prebuilt a batch that fails to run marks all of its samples (no re-export
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -41,7 +40,6 @@ def main(argv=None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="also list the KNOWN samples that still fail")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
     import pytest
     import torch
