@@ -14,6 +14,7 @@ from typing import Any
 
 from . import expr as ex
 from .abi import check_bundle
+from .dtypes import DTYPES
 from .errors import FormatError, VersionError, clip as _clip
 from .members import check_member_name
 
@@ -33,10 +34,6 @@ MAX_SHARED = 1 << 20     # bytes of dynamic shared memory a launch may ask for (
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
-DTYPES = {  # name -> itemsize in bytes
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
 
 
 @dataclass(frozen=True)

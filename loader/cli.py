@@ -146,7 +146,7 @@ def _describe(m: Manifest, names: list[str], archive=None) -> list[str]:
 
 
 def _nbytes(spec) -> int:
-    from tcexport.formats.manifest import DTYPES
+    from tcexport.formats.dtypes import DTYPES
     n = DTYPES[spec.dtype]
     for d in spec.shape:
         n *= d
