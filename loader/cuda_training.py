@@ -77,11 +77,11 @@ class CudaSaved:
 
 
 class _CudaEntry:
-    """One training entry point on this GPU: its kernels, output specs and workspace expression."""
+    """One training graph on this GPU: its kernels, output specs and workspace expression."""
 
     def __init__(self, model: CudaModel, graph, isa: str):
         c = graph.cuda
-        self.name = graph.entry
+        self.name = graph.name
         self.kernels = model._load_kernels(c.launches, c.cubins[isa])
         self.outputs = [(s.shape, s.dtype) for s in graph.outputs]
         self.workspace = c.workspace_bytes

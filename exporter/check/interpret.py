@@ -144,7 +144,7 @@ class InterpretedPackage:
         self.guards = GuardPlan(m)
         arrays = load_weights(self.archive, m)
         self.weights = [_tensor(arrays[w.name], w.dtype) for w in m.weights]
-        self._modules: dict = {}  # training entry -> its interpreted module, imported on first use
+        self._modules: dict = {}  # training graph name -> its interpreted module, imported on first use
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         m = self.manifest
@@ -176,9 +176,9 @@ class InterpretedPackage:
         return [_numpy(o) for o in fw], {s.name: _numpy(o) for s, o in zip(t.backward.outputs, bw)}
 
     def _training_module(self, graph):
-        if graph.entry not in self._modules:
-            self._modules[graph.entry] = load_module(self.archive.read(graph.cuda.source).decode())
-        return self._modules[graph.entry]
+        if graph.name not in self._modules:
+            self._modules[graph.name] = load_module(self.archive.read(graph.cuda.source).decode())
+        return self._modules[graph.name]
 
     def _launch(self, module, launches, workspace_bytes, ins: list, out_specs, env: dict) -> list:
         """Run ``launches`` of ``module`` over these inputs; returns fresh outputs shaped by ``out_specs``."""
