@@ -54,7 +54,7 @@ class Interface:
     weights: tuple
     workspace_bytes: Any
     blas: tuple
-    training: Any = None    # formats.training.Training, or None
+    training: Any = None    # formats.graphs.Training (the forward and backward graphs), or None
 
     @classmethod
     def of_manifest(cls, m, blas: tuple) -> "Interface":

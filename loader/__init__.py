@@ -11,6 +11,7 @@ from tcexport.formats.manifest import TensorSpec
 
 from .archive import Archive, open_archive
 from .guards import GuardPlan, bind_and_check
-from .model import Model, load
+from .load import load
+from .model import Model
 
 __all__ = ["Archive", "GuardPlan", "Model", "TensorSpec", "bind_and_check", "load", "open_archive"]

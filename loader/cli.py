@@ -127,14 +127,22 @@ def _describe(m: Manifest, names: list[str], archive=None) -> list[str]:
     for k in m.kernels:
         lines.append(f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
                      f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]")
-        if k.cubins:
-            lines.append(f"    {len(k.cubins)} cubins, shared memory up to {max(c.shared for c in k.cubins)} bytes")
-    if m.cuda is not None:
-        lines += ["", f"cuda launches (Triton {m.cuda.triton}):"]
-        lines += [f"  {l.name}: grid ({', '.join(ex.to_text(g) for g in l.grid)})  "
-                  f"{' '.join(f'{n}={v}' for n, v in l.block.items())}  warps {l.num_warps}  stages {l.num_stages}  "
-                  f"int{l.index_bits}" for l in m.cuda.launches]
-    lines += ["", "plan:", f"  workspace_bytes: {ex.to_text(m.workspace_bytes)}"]
+    for name, g in m.graphs.items():
+        lines += ["", f"graph {name}: {len(g.inputs)} input(s), {len(g.outputs)} output(s)"]
+        if g.cpu is not None:
+            lines.append(f"  cpu  {g.cpu.entry}: workspace_bytes {ex.to_text(g.cpu.workspace_bytes)}, "
+                         f"kernels {_short(list(g.cpu.kernels))}")
+        if g.cuda is not None:
+            c = g.cuda
+            lines.append(f"  cuda (Triton {c.triton or '?'}): arena {ex.to_text(c.workspace_bytes)}, "
+                         f"kernels {_short(list(c.kernels))}")
+            for isa, cubins in sorted(c.cubins.items()):
+                lines.append(f"    {isa}: {len(cubins)} cubins, shared memory up to "
+                             f"{max((x.shared for x in cubins), default=0)} bytes")
+            lines += [f"    {l.name}: grid ({', '.join(ex.to_text(x) for x in l.grid)})  "
+                      f"{' '.join(f'{n}={v}' for n, v in l.block.items())}  warps {l.num_warps}  "
+                      f"stages {l.num_stages}  int{l.index_bits}" for l in c.launches]
+    lines += ["", "plan (informational):"]
     lines += [f"  {k}: {ex.to_text(v) if k.endswith('_bytes') or k.endswith('_without_reuse') else _short(v)}"
               for k, v in sorted(m.plan.items())]
     total = sum(_nbytes(w) for w in m.weights)
@@ -146,7 +154,7 @@ def _describe(m: Manifest, names: list[str], archive=None) -> list[str]:
 
 
 def _nbytes(spec) -> int:
-    from tcexport.formats.manifest import DTYPES
+    from tcexport.formats.dtypes import DTYPES
     n = DTYPES[spec.dtype]
     for d in spec.shape:
         n *= d
@@ -167,7 +175,7 @@ def run(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
         trusted_key: List[pathlib.Path] = typer.Option([], "--trusted-key", help=TRUSTED_KEY_HELP),
         as_json: bool = typer.Option(False, "--json", help="print output names, shapes, dtypes and files as JSON")):
     """Run a package on .npy inputs and write each output to OUT/<output name>.npy."""
-    from .model import load
+    from .load import load
     arrays = dict(_read_input(spec) for spec in inputs)
     try:
         model = load(package, num_threads=num_threads, isa=isa, trusted_keys=_keys(trusted_key))

@@ -29,30 +29,24 @@ import numpy as np
 
 from tcexport.formats import expr as ex
 from tcexport.formats.cubin import check_launch
-from tcexport.formats.errors import (DtypeError, FormatError, RuntimeKernelError, TargetError, TcError,
-                                     WorkspaceLimitError)
+from tcexport.formats.errors import FormatError, RuntimeKernelError, TargetError, TcError, WorkspaceLimitError
 from tcexport.formats.manifest import SM_COUNT, KernelBundle, Manifest
 
 from .archive import Archive
 from .arrays import contiguous
-from .dtypes import BFLOAT16, numpy_dtype
+from .cuda_arrays import DeviceArray, aligned, caller_stream, describe, is_torch, pointer, torch_module
 from .guards import GuardPlan
+from .launch_params import LaunchBuffers, bind_params, launch_grid
 from .native_cuda import CudaError, Device, ParamBlock
 from .weights import load_weights
 
-ALIGN = 256
 GRAPH_CACHE = 16
 SIGNATURES = 256  # input signatures (shapes, dtypes) whose guard results a model remembers
 SPLIT_AFTER = 8   # kernels that must come before the first output-writing one for a graph to be cut there (_Graph)
-MAX_GRID = ((1 << 31) - 1, 65535, 65535)  # the most blocks a launch may have in x, y and z
-
-
-def _aligned(n: int) -> int:
-    return (int(n) + ALIGN - 1) // ALIGN * ALIGN
 
 
 def pick_bundle(manifest: Manifest, arch: int, path) -> KernelBundle:
-    have = [k.target for k in manifest.kernels if k.target.startswith("cuda:")]
+    have = [k.target for k in manifest.kernels if k.is_cuda]
     for k in manifest.kernels:
         if k.target == f"cuda:sm_{arch}":
             return k
@@ -62,140 +56,11 @@ def pick_bundle(manifest: Manifest, arch: int, path) -> KernelBundle:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# device arrays in and out
-
-
-@dataclass
-class _Meta:
-    """What the guards look at (shape, ndim, numpy dtype) and where the data is."""
-
-    shape: tuple
-    dtype: np.dtype
-    ptr: int
-    nbytes: int
-    host: bool = False  # a numpy array: ``ptr`` is host memory, copied up before the kernels run
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-
-class DeviceArray:
-    """A package output in device memory, for callers that passed neither torch nor CuPy arrays: it exposes
-    ``__cuda_array_interface__`` (v3) and ``numpy()`` (a synchronous copy to the host)."""
-
-    def __init__(self, device: Device, shape: tuple, dtype: str):
-        self.device = device
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = dtype
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
-        self.ptr = device.alloc(self.nbytes)
-        self.owner = None  # None: this array owns ``ptr`` and frees it
-
-    @classmethod
-    def alias(cls, device: Device, ptr: int, shape: tuple, dtype: str, owner) -> "DeviceArray":
-        """A view of memory ``owner`` holds (a model's weights): never freed by the view, and it keeps ``owner``
-        alive while it (or a torch tensor / CuPy array made from it) is in use."""
-        a = cls.__new__(cls)
-        a.device, a.shape, a.dtype, a.ptr, a.owner = device, tuple(int(s) for s in shape), dtype, int(ptr), owner
-        a.nbytes = int(np.prod(a.shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
-        return a
-
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        typestr = "<u2" if self.dtype == "bfloat16" else numpy_dtype(self.dtype).str
-        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "strides": None, "version": 3}
-
-    def numpy(self) -> np.ndarray:
-        out = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
-        if self.nbytes:
-            self.device.download(out.ctypes.data, self.ptr, self.nbytes)
-        return out
-
-    def copy_from(self, host: np.ndarray) -> None:
-        """Overwrite the contents with a host array of the same shape and dtype (a synchronous copy)."""
-        a = contiguous(host)
-        if a.shape != self.shape or a.nbytes != self.nbytes:
-            raise DtypeError(f"copy_from: expected shape {list(self.shape)} of {self.dtype}, got {list(a.shape)} of "
-                             f"{a.dtype}", expected=list(self.shape), got=list(a.shape), rule="shape")
-        if self.nbytes:
-            self.device.upload(self.ptr, a.ctypes.data, self.nbytes)
-
-    def __del__(self):
-        if getattr(self, "owner", None) is not None:
-            return
-        try:
-            self.device.free(self.ptr)
-        except Exception:  # noqa: BLE001 - interpreter shutdown or a dead context: nothing to free into
-            pass
-
-
-def _torch():
-    return sys.modules.get("torch")
-
-
-def _is_torch(v) -> bool:
-    t = _torch()
-    return t is not None and isinstance(v, t.Tensor)
-
-
-_TORCH_DTYPES: dict = {}  # torch dtype -> the loader's numpy dtype object, one per dtype (CudaModel._guarded)
-
-
-def _numpy_dtype_of(dtype):
-    dt = _TORCH_DTYPES.get(dtype)
-    if dt is None:
-        name = str(dtype).replace("torch.", "")
-        dt = _TORCH_DTYPES[dtype] = BFLOAT16 if name == "bfloat16" else np.dtype(name if name != "bool" else np.bool_)
-    return dt
-
-
-def _describe(v, name: str, device: Device) -> _Meta:
-    if isinstance(v, np.ndarray):
-        a = contiguous(v)
-        return _Meta(a.shape, a.dtype, a.ctypes.data, a.nbytes, host=True)
-    if _is_torch(v):
-        if v.get_device() != device.ordinal:
-            raise TargetError(f"input {name!r} is on {v.device}; this model runs on cuda:{device.ordinal}. "
-                              f"Move it with {name}.to('cuda:{device.ordinal}').")
-        if not v.is_contiguous():
-            raise DtypeError(f"input {name!r} is not contiguous (strides {v.stride()}); pass {name}.contiguous()",
-                             input=name, expected="contiguous", got=str(v.stride()), rule="layout")
-        return _Meta(tuple(v.shape), _numpy_dtype_of(v.dtype), v.data_ptr(), v.numel() * v.element_size())
-    cai = getattr(v, "__cuda_array_interface__", None)
-    if cai is None:
-        raise DtypeError(f"input {name!r}: expected a CUDA array (a torch CUDA tensor, a CuPy array, or anything with "
-                         f"__cuda_array_interface__), got {type(v).__name__}. A host array must be copied to the "
-                         f"GPU first.", input=name, expected="cuda array", got=type(v).__name__, rule="type")
-    dt = np.dtype(cai["typestr"])
-    shape = tuple(cai["shape"])
-    strides = cai.get("strides")
-    if strides is not None and strides != tuple(np.empty(0, dt).itemsize * int(np.prod(shape[k + 1:]))
-                                                for k in range(len(shape))):
-        raise DtypeError(f"input {name!r} is not C-contiguous (strides {strides}); pass a contiguous copy",
-                         input=name, expected="contiguous", got=str(strides), rule="layout")
-    return _Meta(shape, dt, int(cai["data"][0]), int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
-
-
-def _caller_stream(values, device: Device) -> int:
-    for v in values:
-        if _is_torch(v):
-            torch = _torch()
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch.compile's wrappers call
-            return int(raw(device.ordinal)) if raw is not None else \
-                int(torch.cuda.current_stream(device.ordinal).cuda_stream)
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values):
-        return int(cupy.cuda.get_current_stream().ptr)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------------
 # the model
 
 
 @dataclass
-class _Kernel:
+class CudaKernel:
     name: str
     function: object
     threads: int
@@ -246,7 +111,7 @@ class CudaModel:
         self._modules = []
         self._scratch = (0, 0)  # (pointer, bytes): global scratch for SM_COUNT programs of any kernel (_load_kernels)
         self._graph_cache: OrderedDict = OrderedDict()
-        self._kernels = self._load_kernels(m.cuda.launches, self.bundle.cubins)
+        self._kernels = self._load_kernels(m.cuda.launches, m.cubins(self.bundle.isa))
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
         self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
         self._error = device.alloc(4)
@@ -269,7 +134,7 @@ class CudaModel:
 
     # setup ---------------------------------------------------------------------------------------------
 
-    def _load_kernels(self, launches, cubins) -> list[_Kernel]:
+    def _load_kernels(self, launches, cubins) -> list[CudaKernel]:
         """The launches' kernels, each cubin checked against its launch first (formats/cubin.py: arch, parameter
         count and widths, block size), with the global scratch they need reserved."""
         kernels = []
@@ -277,7 +142,7 @@ class CudaModel:
         for launch, cubin, data in zip(launches, cubins, datas):
             module, fn = self.device.load_function(data, cubin.function, cubin.shared)
             self._modules.append(module)
-            kernels.append(_Kernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
+            kernels.append(CudaKernel(launch.name, fn, cubin.num_warps * 32, cubin.shared, launch.params,
                                    launch.grid, "i32" if launch.index_bits == 32 else "i64", cubin.dependent,
                                    cubin.global_scratch))
         self.reserve_scratch(max((k.scratch for k in kernels), default=0))
@@ -302,7 +167,7 @@ class CudaModel:
         offsets, total = [], 0
         for w in specs:
             offsets.append(total)
-            total += _aligned(arrays[w.name].nbytes)
+            total += aligned(arrays[w.name].nbytes)
         base = self.device.alloc(total) if total else 0
         for w, off in zip(specs, offsets):
             a = contiguous(arrays[w.name])
@@ -365,8 +230,8 @@ class CudaModel:
             raise TcError(f"unknown input name(s) {sorted(kwargs)}; the inputs are {names}")
         self.device.make_current()
         values = [contiguous(v) if isinstance(v, np.ndarray) else v for v in values]
-        metas = [_describe(v, n, self.device) for v, n in zip(values, names)]
-        return values, metas, self._guarded(metas), _caller_stream(values, self.device) if stream is None else \
+        metas = [describe(v, n, self.device) for v, n in zip(values, names)]
+        return values, metas, self._guarded(metas), caller_stream(values, self.device) if stream is None else \
             int(stream)
 
     def _guarded(self, metas) -> dict:
@@ -392,7 +257,7 @@ class CudaModel:
             outs, probed = self._run_graph(values, metas, env, stream)
         else:
             outs, probed = self._new_outputs(values, env), False
-            self._run_direct(metas, [_pointer(o) for o in outs], env, stream)
+            self._run_direct(metas, [pointer(o) for o in outs], env, stream)
         self.device.record(self._done, stream)
         self._last_stream = stream
         if self._checked and self.check_indices:
@@ -416,8 +281,8 @@ class CudaModel:
                 self._out_shapes[key] = shapes
         else:
             shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
-        if any(_is_torch(v) for v in values):
-            torch = _torch()
+        if any(is_torch(v) for v in values):
+            torch = torch_module()
             return [torch.empty(s, dtype=getattr(torch, dt), device=self.device.ordinal)
                     for s, (_, dt) in zip(shapes, specs)]
         cupy = sys.modules.get("cupy")
@@ -428,27 +293,14 @@ class CudaModel:
 
     def _blocks(self, inputs: list, outputs: list, workspace: int, env: dict, kernels=None) -> list:
         """One ParamBlock and grid per kernel (default: the inference ones) for these buffer addresses and
-        symbol values."""
+        symbol values (bound by launch_params, as the exporter's interpreter check binds them)."""
         out = []
-        env = {**env, SM_COUNT: self.device.sm_count}
+        buffers = LaunchBuffers(inputs, self._weight_ptrs, outputs, self._error, lambda offset, _: workspace + offset)
         for k in self._kernels if kernels is None else kernels:
-            values, kinds = [], []
-            for p in k.params:
-                kind, v = p["kind"], p["value"]
-                if kind == "symbol":
-                    values.append(env[v])
-                    kinds.append(k.symbol_kind)
-                    continue
-                ptr = {"input": lambda: inputs[v], "weight": lambda: self._weight_ptrs[v],
-                       "output": lambda: outputs[v], "error": lambda: self._error,
-                       "temp": lambda: workspace + ex.evaluate(v, env)}[kind]()
-                values.append(ptr)
-                kinds.append("ptr")
-            grid = tuple(ex.evaluate(g, env) for g in k.grid)
-            if min(grid) < 0 or grid[0] > MAX_GRID[0] or grid[1] > MAX_GRID[1] or grid[2] > MAX_GRID[2]:
-                raise FormatError(f"kernel {k.name}: its grid evaluates to {grid} for {env}, outside what CUDA "
-                                  f"launches ({list(MAX_GRID)} at most, and never negative). The package is damaged: "
-                                  f"rebuild it")
+            bound = bind_params(k.params, env, buffers)
+            values = [v for _, v in bound]
+            kinds = [k.symbol_kind if kind == "symbol" else "ptr" for kind, _ in bound]
+            grid = launch_grid(k.name, k.grid, env, self.device.sm_count)
             if k.scratch and k.scratch * grid[0] * grid[1] * grid[2] > self._scratch[1]:
                 raise FormatError(
                     f"kernel {k.name}: its grid {grid} needs {k.scratch} bytes of global scratch a program, more "
@@ -466,25 +318,25 @@ class CudaModel:
     def _run_direct(self, metas, out_ptrs, env, stream) -> None:
         need = self._arena(self.manifest.cuda.workspace_bytes, env)
         inputs = []
-        in_bytes = sum(_aligned(m.nbytes) for m in metas if m.ptr % 16 or m.host)
+        in_bytes = sum(aligned(m.nbytes) for m in metas if m.ptr % 16 or m.host)
         ptr, size = self._workspace
         if size < need + in_bytes:
             if ptr:
                 self.device.synchronize(0)
                 self.device.free(ptr)
-            size = _aligned(need + in_bytes) * 2
+            size = aligned(need + in_bytes) * 2
             ptr = self.device.alloc(size)
             self._workspace = (ptr, size)
-        spare = ptr + _aligned(need)
+        spare = ptr + aligned(need)
         for m in metas:  # kernels assume 16-byte aligned pointers; a misaligned view is copied
             if m.host:
                 self.device.upload_async(spare, m.ptr, m.nbytes, stream)
                 inputs.append(spare)
-                spare += _aligned(m.nbytes)
+                spare += aligned(m.nbytes)
             elif m.ptr % 16:
                 self.device.copy_async(spare, m.ptr, m.nbytes, stream)
                 inputs.append(spare)
-                spare += _aligned(m.nbytes)
+                spare += aligned(m.nbytes)
             else:
                 inputs.append(m.ptr)
         self._launch_all(self._blocks(inputs, out_ptrs, ptr, env), stream)
@@ -515,7 +367,7 @@ class CudaModel:
             self._point(part, (in_ptrs, ()))
             self.device.graph_launch(part.graph_exec, stream)
         outs = self._new_outputs(values, env)
-        self._point(tail, (in_ptrs, tuple(_pointer(o) for o in outs)))
+        self._point(tail, (in_ptrs, tuple(pointer(o) for o in outs)))
         self.device.graph_launch(tail.graph_exec, stream)
         return outs, g.probed
 
@@ -543,7 +395,7 @@ class CudaModel:
 
     def _build_graph(self, metas, env) -> _Graph:
         work = self._arena(self.manifest.cuda.workspace_bytes, env)
-        sizes = [_aligned(m.nbytes) for m in metas] + [_aligned(work)]
+        sizes = [aligned(m.nbytes) for m in metas] + [aligned(work)]
         memory = self.device.alloc(sum(sizes))
         ptrs, at = [], memory
         for s in sizes:
@@ -611,14 +463,6 @@ class CudaModel:
                 f"({self.device.name}), graphs={self.graphs})")
 
 
-def _pointer(o) -> int:
-    if _is_torch(o):
-        return o.data_ptr()
-    if isinstance(o, DeviceArray):
-        return o.ptr
-    return int(o.__cuda_array_interface__["data"][0])
-
-
 def checked_cubins(archive: Archive, bundle: KernelBundle, launches, cubins, max_shared: int) -> list[bytes]:
     """Each launch's cubin bytes, checked against the launch before any reaches the driver (formats/cubin.py: the
     arch, the function, its parameters' count and widths, its block size) and its shared memory against the GPU's
@@ -634,21 +478,3 @@ def checked_cubins(archive: Archive, bundle: KernelBundle, launches, cubins, max
                               f"package is for another GPU; rebuild it.")
         out.append(data)
     return out
-
-
-def load_cuda(archive: Archive, device: str, *, graphs: bool = True, check_indices: bool = True,
-              dependent_launch: bool = True, max_workspace_bytes: int | None = None) -> CudaModel:
-    """``device`` is "cuda" or "cuda:N"."""
-    _, _, index = str(device).partition(":")
-    if index and not index.isdigit():
-        raise TargetError(f"device {device!r} should be 'cuda' or 'cuda:N'")
-    if archive.manifest.cuda is None:
-        pick_bundle(archive.manifest, Device(int(index or 0)).arch, archive.path)
-    t = archive.manifest.training
-    cls = CudaModel
-    if t is not None and t.forward.cuda is not None:  # --backward: forward(grad=True), backward, weights
-        from .cuda_training import TrainableCudaModel as cls
-    model = cls(archive, Device(int(index or 0)), graphs=graphs, check_indices=check_indices,
-                dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
-    archive.release()  # the weights are on the device and the cubins loaded: no host copy stays in memory
-    return model

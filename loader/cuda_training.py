@@ -27,7 +27,8 @@ from tcexport.formats import expr as ex
 from tcexport.formats.files import write_atomically
 
 from .arrays import contiguous
-from .cuda_model import CudaModel, DeviceArray, _aligned, _describe, _caller_stream, _is_torch, _pointer, _torch
+from .cuda_arrays import DeviceArray, aligned, caller_stream, describe, is_torch, pointer, torch_module
+from .cuda_model import CudaModel
 from .dtypes import numpy_dtype
 from .training import TrainingCalls, check_gradient
 from .weights import read_safetensors, safetensors_bytes
@@ -36,10 +37,10 @@ from .weights import read_safetensors, safetensors_bytes
 def _contiguous(value):
     """A weight value as something ``_describe`` takes: a torch CPU tensor becomes numpy (bfloat16 as tagged bits),
     numpy arrays and torch tensors become contiguous."""
-    if _is_torch(value):
+    if is_torch(value):
         value = value.detach().contiguous()
         if value.device.type == "cpu":
-            torch = _torch()
+            torch = torch_module()
             return value.view(torch.int16).numpy().view(numpy_dtype("bfloat16")) \
                 if value.dtype == torch.bfloat16 else value.numpy()
         return value
@@ -76,11 +77,11 @@ class CudaSaved:
 
 
 class _CudaEntry:
-    """One training entry point on this GPU: its kernels, output specs and workspace expression."""
+    """One training graph on this GPU: its kernels, output specs and workspace expression."""
 
     def __init__(self, model: CudaModel, graph, isa: str):
         c = graph.cuda
-        self.name = graph.entry
+        self.name = graph.name
         self.kernels = model._load_kernels(c.launches, c.cubins[isa])
         self.outputs = [(s.shape, s.dtype) for s in graph.outputs]
         self.workspace = c.workspace_bytes
@@ -129,18 +130,18 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         with self._lock:
             self.device.make_current()
             given = [g for g in grad_outputs if g is not None]
-            stream = _caller_stream(list(saved.values) + given, self.device) if stream is None else int(stream)
+            stream = caller_stream(list(saved.values) + given, self.device) if stream is None else int(stream)
             keep: list = []  # copied gradients, alive until the backward is enqueued
 
             def gradient(g, spec, out_shape: tuple) -> int:
                 v = contiguous(g) if isinstance(g, np.ndarray) else g
-                meta = _describe(v, f"grad of {spec.name}", self.device)
+                meta = describe(v, f"grad of {spec.name}", self.device)
                 check_gradient(spec, meta.dtype, meta.shape, out_shape)
                 keep.append(v)
                 return self._on_device(meta, spec.dtype, stream, keep)
 
             grads = self._grad_outputs(saved, grad_outputs, gradient)
-            sources = {"input": saved.input_ptrs, "forward": [_pointer(o) for o in saved.forward_outputs],
+            sources = {"input": saved.input_ptrs, "forward": [pointer(o) for o in saved.forward_outputs],
                        "grad": grads}
             ptrs = [sources[kind][k] for kind, k in self.training.sources]
             outs = self._run(self._backward, list(saved.values) + given, ptrs, saved.env, stream)
@@ -185,10 +186,10 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
             if ptr:
                 self.device.synchronize_context()  # earlier calls may still use it
                 self.device.free(ptr)
-            size = _aligned(need) * 2
+            size = aligned(need) * 2
             ptr = self.device.alloc(size)
             self._train_workspace = (ptr, size)
-        self._launch_all(self._blocks(inputs, [_pointer(o) for o in outs], ptr, env, entry.kernels), stream)
+        self._launch_all(self._blocks(inputs, [pointer(o) for o in outs], ptr, env, entry.kernels), stream)
         if entry.checked and self.check_indices:
             self._raise_on_bad_index(stream, entry.kernels)
         return outs
@@ -215,7 +216,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         self._require_open()
         spec = self.manifest.weights[k]
         view = DeviceArray.alias(self.device, self._weight_ptrs[k], spec.shape, spec.dtype, owner=self)
-        torch = _torch()
+        torch = torch_module()
         if torch is not None:
             t = torch.as_tensor(view, device=f"cuda:{self.device.ordinal}")  # zero-copy, keeps ``view`` alive
             return t.view(torch.bfloat16) if spec.dtype == "bfloat16" else t
@@ -236,7 +237,7 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         def describe(value, name: str):
             value = _contiguous(value)
             keep.append(value)
-            return _describe(value, name, self.device)
+            return describe(value, name, self.device)
 
         staged = self._weights_to_load(values, strict, describe)
         self.device.make_current()

@@ -1,4 +1,4 @@
-"""Manifest dtype names <-> numpy dtypes.
+"""Manifest dtype names <-> numpy dtypes, derived from the format's one table (formats/dtypes.py).
 
 numpy has no bfloat16, so bfloat16 tensors travel as uint16 bits whose dtype carries a metadata tag;
 the guards read the tag, so a plain uint16 array is never silently taken for bfloat16. An array whose
@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from tcexport.formats.dtypes import DTYPE_INFO
+
 BFLOAT16 = np.dtype(np.uint16, metadata={"tcexport_dtype": "bfloat16"})
 
-_NUMPY = {
-    "float64": np.dtype(np.float64), "float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
-    "bfloat16": BFLOAT16, "int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
-    "int16": np.dtype(np.int16), "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_),
-}
+_NUMPY = {name: BFLOAT16 if name == "bfloat16" else np.dtype(info.numpy) for name, info in DTYPE_INFO.items()}
 
 
 def numpy_dtype(name: str) -> np.dtype:

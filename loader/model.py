@@ -20,17 +20,14 @@ import threading
 import numpy as np
 
 from tcexport.formats import expr as ex
-from tcexport.formats.errors import (ArityError, FormatError, RuntimeKernelError, TargetError, TcError,
-                                     WorkspaceLimitError)
+from tcexport.formats.errors import ArityError, FormatError, RuntimeKernelError, WorkspaceLimitError
 from tcexport.formats.manifest import CPU_ABI_VERSION, Manifest, TensorSpec
 
-from . import native_cpu
-from .archive import Archive, open_archive
+from .archive import Archive
 from .arrays import convert_inputs, convert_outputs
 from .dtypes import numpy_dtype
 from .guards import GuardPlan, SignatureCache
-from .trust import trusted_key_sources
-from .weights import load_weights
+from .native_cpu import FORK, MAX_BLAS, NativeLibrary, TcContext
 
 WORKSPACE_ALIGNMENT = 64
 ERROR_BUFFER_BYTES = 4096
@@ -48,62 +45,11 @@ def default_num_threads() -> int:
     return max(n, 1)
 
 
-def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None = None, cache_dir=None,
-         graphs: bool = True, check_indices: bool = True, dependent_launch: bool = True, trusted_keys=None,
-         max_workspace_bytes: int | None = None):
-    """Open, verify and load a `.tcpkg` for ``device`` ("cpu", "cuda" or "cuda:N"); return a callable model.
-
-    Every byte that matters is verified before native code is loaded (the package digest, every member's hash)
-    and the model runs from a private copy of the verified bytes. ``trusted_keys`` (paths to PEM public keys, key
-    bytes, or key objects; default: $TCEXPORT_TRUSTED_KEYS) requires a valid signature by one of them.
-    ``max_workspace_bytes`` refuses a call whose plan needs more scratch memory than that (WorkspaceLimitError).
-    CPU: ``isa`` forces a kernel bundle by name; ``cache_dir`` loads the kernel library through a private disk
-    cache there instead of a sealed in-memory file (the default; the cache is the fallback where those cannot be
-    executed: $TCEXPORT_CACHE or ~/.cache/tcexport).
-    CUDA (see cuda_model.py): ``graphs`` replays a CUDA graph per input-shape signature; ``check_indices``
-    synchronises after calls of models that index by data, to raise on an out-of-range index;
-    ``dependent_launch`` lets each kernel of a graph start while the one before it finishes (sm_90 and later).
-    """
-    if max_workspace_bytes is not None and (isinstance(max_workspace_bytes, bool)
-                                            or not isinstance(max_workspace_bytes, int) or max_workspace_bytes < 0):
-        raise TcError(f"max_workspace_bytes should be None or an integer >= 0, got {max_workspace_bytes!r}")
-    keys = trusted_key_sources(trusted_keys)
-    if str(device).startswith("cuda"):
-        from .cuda_model import load_cuda
-        archive = open_archive(path, trusted_keys=keys)
-        _require_cuda_kernels(archive.manifest, str(device))
-        return load_cuda(archive, str(device), graphs=graphs, check_indices=check_indices,
-                         dependent_launch=dependent_launch, max_workspace_bytes=max_workspace_bytes)
-    if str(device) != "cpu":
-        raise TargetError(f"device {str(device)!r} is not known; use 'cpu', 'cuda' or 'cuda:N'")
-    threads = default_num_threads() if num_threads is None else num_threads
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise TcError(f"num_threads should be an integer >= 1, got {num_threads!r}")
-    archive = open_archive(path, trusted_keys=keys)
-    plan = GuardPlan(archive.manifest)
-    weights = load_weights(archive)
-    native = native_cpu.load(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
-    if archive.manifest.training is not None:  # built with --backward: forward(grad=True), backward, weights
-        from .training import TrainableModel
-        return TrainableModel(archive, plan, weights, native, threads, max_workspace_bytes)
-    return Model(archive, plan, weights, native, threads, max_workspace_bytes)
-
-
-def _require_cuda_kernels(manifest: Manifest, device: str) -> None:
-    """A package without CUDA kernels cannot run on any GPU: say so, naming what it has, before touching the
-    driver (where a missing driver or cuda-bindings would hide the real problem)."""
-    if any(k.target.startswith("cuda:") for k in manifest.kernels):
-        return
-    have = ", ".join(f"{k.target} {k.isa}" for k in manifest.kernels) or "no kernels"
-    raise TargetError(f"device {device!r}: package {manifest.model!r} has no CUDA kernels ({have}). Rebuild it with "
-                      f"`tcexport MODEL.py --target cuda:sm_XX`, or load it with device='cpu'.")
-
-
 class Model:
     """Call with the inputs positionally (manifest order) or by name; returns one output or a tuple."""
 
     def __init__(self, archive: Archive, plan: GuardPlan, weights: dict[str, np.ndarray],
-                 native: native_cpu.NativeLibrary, num_threads: int, max_workspace_bytes: int | None = None):
+                 native: NativeLibrary, num_threads: int, max_workspace_bytes: int | None = None):
         m = archive.manifest
         self.archive = archive
         self.manifest: Manifest = m
@@ -230,7 +176,7 @@ class Model:
     def _run(self, arrays: list[np.ndarray], sig: "_Signature") -> list[np.ndarray]:
         b = self._buffers()
         outputs, ws = self._allocate(b, sig)
-        fork = native_cpu.FORK
+        fork = FORK
         if b.threads > 1 and (fork.broken or not fork.threads_started):
             b.set_threads(fork.threads(b.threads))
         pointers = b.inputs
@@ -276,8 +222,8 @@ class _CallBuffers:
     def __init__(self, model: Model):
         n = lambda k: max(k, 1)
         self.error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
-        self.ctx = native_cpu.TcContext(CPU_ABI_VERSION, model.num_threads,
-                                        (ctypes.c_void_p * native_cpu.MAX_BLAS)(*model._native.blas),
+        self.ctx = TcContext(CPU_ABI_VERSION, model.num_threads,
+                                        (ctypes.c_void_p * MAX_BLAS)(*model._native.blas),
                                         ctypes.addressof(self.error), ERROR_BUFFER_BYTES)
         self.ctx_ref = ctypes.byref(self.ctx)
         self.threads = model.num_threads  # what ctx.num_threads holds (reading a ctypes field costs more)

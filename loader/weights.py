@@ -15,6 +15,7 @@ import struct
 
 import numpy as np
 
+from tcexport.formats.dtypes import SAFETENSORS_DTYPES
 from tcexport.formats.errors import FormatError
 from tcexport.formats.manifest import Manifest
 
@@ -24,10 +25,6 @@ from .dtypes import dtype_name, numpy_dtype
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 MAX_RANK = 32  # numpy's limit is 64; no weight comes near either
-SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-    "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}
 
 
 def load_weights(archive: Archive, manifest: Manifest | None = None) -> dict[str, np.ndarray]:

@@ -17,6 +17,7 @@ from safetensors.numpy import save as st_save
 from tcexport.formats import attestation as att
 from tcexport.formats.abi import Interface, descriptor
 from tcexport.formats.container import write_package
+from tcexport.formats.graphs import CpuPart, Graph
 from tcexport.formats.manifest import FORMAT_VERSION, KernelBundle, Manifest, Symbol, TensorSpec
 from tcexport.packager.archive import write_archive
 
@@ -82,8 +83,13 @@ def make_manifest(**overrides) -> Manifest:
         output_structure="single", guards=(), weights_file="weights.safetensors",
         weights=(spec("w", "float32", [4]),),
         kernels=(KernelBundle("cpu", "x86-64", (), KERNEL_FILE, 1, "tc_run", (), ()),),
-        workspace_bytes=["*", 16, "batch"], plan={"kernels": ["add"]}, sources=("src/add.c",))
+        plan={"kernels": ["add"]}, sources=("src/add.c",))
+    workspace = overrides.pop("workspace_bytes", ["*", 16, "batch"])
     fields.update(overrides)
+    if "graphs" not in fields:  # the add kernel's tc_run as the inference graph
+        fields["graphs"] = {"inference": Graph("inference", fields["inputs"], fields["outputs"],
+                                               CpuPart("tc_run", workspace, ("add",)))}
+    fields["plan"] = {**fields["plan"], "workspace_bytes": workspace}
     return Manifest(**fields)
 
 
@@ -136,3 +142,30 @@ def rewrite(path: pathlib.Path, out: pathlib.Path, edit=None, rehash: bool = Tru
     if rehash or attestation is None:
         attestation = att.unsigned(manifest_bytes, tuple(manifest["format_version"])).to_bytes()
     return write_package(out, manifest_bytes, attestation, sorted(entries.items()))
+
+
+def as_1_7(d: dict) -> dict:
+    """A 1.8 manifest's JSON as the 1.7 manifest of the same package: the training graphs in a ``training`` section
+    (their CUDA parts without what 1.8 added: ``triton``, ``kernels``), no ``graphs``."""
+    import copy
+
+    d = copy.deepcopy(d)
+    graphs = d.pop("graphs")
+    trainable = d["weights"].pop("trainable", [])
+    if "forward" not in graphs:
+        d["format_version"] = [1, 7]
+        return d
+
+    def graph(g: dict, *keys: str) -> dict:
+        out = {"entry": g["cpu"]["entry"], "workspace_bytes": g["cpu"]["workspace_bytes"],
+               "kernels": g["cpu"]["kernels"]} if "cpu" in g else {}
+        out |= {k: g[k] for k in keys}
+        if "cuda" in g:
+            out["cuda"] = {k: v for k, v in g["cuda"].items() if k not in ("triton", "kernels")}
+        return out
+
+    d["training"] = {"trainable": trainable, "forward": graph(graphs["forward"], "outputs"),
+                     "backward": graph(graphs["backward"], "inputs", "outputs")}
+    d["format_version"] = [1, 7]
+    return d
+

@@ -115,7 +115,7 @@ def test_a_mask_with_rows_of_a_symbolic_length_gets_an_aligned_variant():
     pkg.save(path)
     archive = open_archive(path)
     (bundle,) = archive.manifest.kernels
-    cubins = {c.kernel: archive.read(c.file) for c in bundle.cubins}
+    cubins = {c.kernel: archive.read(c.file) for c in archive.manifest.cubins(bundle.isa)}
     assert cubins[launches[0].name] != cubins[launches[1].name]  # one source (run below), two compilations
     cases = [[*_qkv(1, 2, lq, 32, lk=lk, seed=lk), torch.randn(1, 1, lq, lk)] for lq, lk in ((3, 16), (5, 33))]
     _check(path, Masked(), cases)

@@ -56,8 +56,8 @@ def test_cubins_for_each_arch_with_cpu_alongside():
         if bundle.target == "cpu":
             continue
         arch = int(bundle.target.split("_")[1])
-        assert [c.kernel for c in bundle.cubins] == names
-        for c in bundle.cubins:
+        assert [c.kernel for c in m.cubins(bundle.isa)] == names
+        for c in m.cubins(bundle.isa):
             assert cubin_arch(archive.read(c.file)) == arch, c.file
             assert c.num_warps >= 1 and c.function == c.kernel
             # griddepcontrol is sm_90+ PTX: only there may a kernel start while the previous one finishes
@@ -79,7 +79,7 @@ def test_each_arch_gets_kernels_that_fit_its_shared_memory():
     x = torch.randn(8, 768).to(torch.bfloat16)
     pkg = export(torch.nn.Linear(768, 768).to(torch.bfloat16), (x,), {"input": {0: ("batch", 1, 2048)}},
                  "cuda:sm_86,sm_90", name="linear_bf16", cache_dir=WORK / "cache")
-    shared = {int(b.target.split("_")[1]): {c.kernel: c.shared for c in b.cubins} for b in pkg.manifest.kernels}
+    shared = {int(b.target.split("_")[1]): {c.kernel: c.shared for c in pkg.manifest.cubins(b.isa)} for b in pkg.manifest.kernels}
     assert max(shared[90].values()) > shared_limit(86)
     assert max(shared[86].values()) <= shared_limit(86)
     assert shared[86].keys() == shared[90].keys()

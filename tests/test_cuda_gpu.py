@@ -105,7 +105,7 @@ def test_kernels_started_before_the_previous_one_ends_compute_the_same():
     path, shapes_list = CASES["hf_gpt2"]
     overlapped = L.load(package("hf_gpt2"), device="cuda")
     ordered = L.load(package("hf_gpt2"), device="cuda", dependent_launch=False)
-    assert all(c.dependent for c in overlapped.bundle.cubins)
+    assert all(c.dependent for c in overlapped.manifest.cubins(overlapped.bundle.isa))
     for shapes in shapes_list:
         calls = [[x.cuda() for x in _inputs(path, shapes, seed=seed)[1]] for seed in (7, 8)]
         wants = [ordered(*xs) for xs in calls]

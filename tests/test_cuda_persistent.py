@@ -18,7 +18,8 @@ from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats import expr as ex  # noqa: E402
 from tcexport.formats.errors import FormatError  # noqa: E402
-from tcexport.formats.manifest import SM_COUNT, _parse_cubin, parse_manifest  # noqa: E402
+from tcexport.formats.manifest import FORMAT_VERSION, SM_COUNT, parse_manifest  # noqa: E402
+from tcexport.formats.records import parse_cubin as _parse_cubin  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402
 
@@ -78,7 +79,7 @@ def test_sm_90_cubins_declare_their_descriptors_scratch_and_sm_80_ones_need_none
                   cache_dir=WORK / "cache").save(tmp_path / "heads.tcpkg")
     m = open_archive(path).manifest
     persistent = {l.name for l in m.cuda.launches if SM_COUNT in ex.free_symbols(l.grid[0])}
-    scratch = {(b.target, c.kernel): c.global_scratch for b in m.kernels for c in b.cubins}
+    scratch = {(b.target, c.kernel): c.global_scratch for b in m.kernels for c in m.cubins(b.isa)}
     assert {k: v for (t, k), v in scratch.items() if t == "cuda:sm_90" and v} == {k: 256 for k in persistent}
     assert not any(v for (t, _), v in scratch.items() if t == "cuda:sm_80")
 
@@ -89,7 +90,7 @@ def test_the_sm_count_is_not_a_model_symbol(heads):
     doc["symbols"].append({"name": SM_COUNT, "min": 1, "max": None})
     with pytest.raises(FormatError, match="reserved"):
         parse_manifest(doc)
-    assert open_archive(path).manifest.format_version == (1, 7)
+    assert open_archive(path).manifest.format_version == FORMAT_VERSION
 
 
 class TransposedA(torch.nn.Module):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tcexport.exporter.check.interpret import run_training_interpreted  # noqa: 
 from tcexport.formats.errors import FormatError, TcError  # noqa: E402
 from tcexport.formats.manifest import parse_manifest  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
+from loader_helpers import as_1_7  # noqa: E402
 from training_packages import (assert_gradients_close, module, random_inputs, reference_gradients,  # noqa: E402
                                training_package)
 
@@ -126,14 +128,18 @@ def manifest_json(cubin_package) -> dict:
 def test_round_trip_and_older_packages(manifest_json):
     m = parse_manifest(manifest_json)
     assert json.loads(m.dumps()) == manifest_json
-    assert m.training.forward.cuda.workspace_bytes == manifest_json["training"]["forward"]["cuda"]["workspace_bytes"]
-    older = copy.deepcopy(manifest_json)  # a 1.2 training package: CPU entry points only, an inference CUDA bundle
+    assert m.training.forward.cuda.workspace_bytes == manifest_json["graphs"]["forward"]["cuda"]["workspace_bytes"]
+    assert m.cuda.kernels and m.graphs["backward"].cuda.kernels  # each graph's GPU kernel list (1.8)
+    old = parse_manifest(as_1_7(manifest_json))  # the same package as 1.7 wrote it: the same graphs, less 1.8's
+    assert old.graphs["backward"].cuda == replace(m.graphs["backward"].cuda, triton="", kernels=())
+    assert old.cuda == replace(m.cuda, kernels=())
+    older = as_1_7(manifest_json)  # a 1.2 training package: CPU entry points only, an inference CUDA bundle
     for g in ("forward", "backward"):
         del older["training"][g]["cuda"]
     older["format_version"] = [1, 2]
     t = parse_manifest(older).training
     assert t.forward.cuda is None and t.backward.cuda is None
-    no_cubins = copy.deepcopy(manifest_json)  # interpreter-only: no CUDA bundles, no cubins (the defaults)
+    no_cubins = as_1_7(manifest_json)  # interpreter-only: no CUDA bundles, no cubins (the defaults)
     no_cubins["kernels"] = [k for k in no_cubins["kernels"] if k["target"] == "cpu"]
     del no_cubins["cuda"]
     for g in ("forward", "backward"):
@@ -150,25 +156,25 @@ def _broken(d: dict, edit) -> dict:
 
 def _first_param(kind):
     def edit(d):
-        launch = next(l for l in d["training"]["backward"]["cuda"]["launches"]
+        launch = next(l for l in d["graphs"]["backward"]["cuda"]["launches"]
                       if any(p["kind"] == kind for p in l["params"]))
         next(p for p in launch["params"] if p["kind"] == kind)["value"] = 99
     return edit
 
 
 BROKEN = [
-    ("one graph only", lambda d: d["training"]["forward"].pop("cuda"), "should both have 'cuda' or neither"),
-    ("no cubins for the bundle", lambda d: d["training"]["backward"]["cuda"]["cubins"].pop("sm_90"),
-     r"training.backward.cuda.cubins has no entry for the package's CUDA bundle sm_90"),
-    ("cubins out of order", lambda d: d["training"]["forward"]["cuda"]["cubins"]["sm_90"].reverse(),
-     r"training.forward.cuda.cubins\['sm_90'\] should have one cubin per launch"),
-    ("input out of range", _first_param("input"), r"training.backward.cuda.launches\[\d+\].params\[\d+\] refers to input 99"),
+    ("one graph only", lambda d: d["graphs"]["forward"].pop("cuda"), "should both have 'cuda' or neither"),
+    ("no cubins for the bundle", lambda d: d["graphs"]["backward"]["cuda"]["cubins"].pop("sm_90"),
+     r"graphs.backward.cuda.cubins has no entry for the package's CUDA bundle sm_90"),
+    ("cubins out of order", lambda d: d["graphs"]["forward"]["cuda"]["cubins"]["sm_90"].reverse(),
+     r"graphs.forward.cuda.cubins\['sm_90'\] should have one cubin per launch"),
+    ("input out of range", _first_param("input"), r"graphs.backward.cuda.launches\[\d+\].params\[\d+\] refers to input 99"),
     ("output out of range", _first_param("output"), r"refers to output 99"),
-    ("unlisted source", lambda d: d["training"]["forward"]["cuda"].update(source="src/cuda/training/nope.py"),
+    ("unlisted source", lambda d: d["graphs"]["forward"]["cuda"].update(source="src/cuda/training/nope.py"),
      "refers to member 'src/cuda/training/nope.py', which is not listed"),
-    ("bad index bits", lambda d: d["training"]["forward"]["cuda"].update(index_bits=16), "index_bits should be 32 or 64"),
-    ("bad workspace", lambda d: d["training"]["backward"]["cuda"].update(workspace_bytes=["*", "nosym"]),
-     "training.backward.cuda.workspace_bytes"),
+    ("bad index bits", lambda d: d["graphs"]["forward"]["cuda"].update(index_bits=16), "index_bits should be 32 or 64"),
+    ("bad workspace", lambda d: d["graphs"]["backward"]["cuda"].update(workspace_bytes=["*", "nosym"]),
+     "graphs.backward.cuda.workspace_bytes"),
 ]
 
 

@@ -34,14 +34,6 @@ ROOMS = [
 TORCH_FREE = {"formats", "loader", "packager"}
 HEAVY = {"torch", "triton", "sympy"}
 
-# Violations that existed when this test was written, to be removed as the restructure lands; an entry that no
-# longer occurs fails the test too, so the list can only shrink.
-KNOWN: set[str] = {
-    'cycle: formats -> formats.manifest -> formats.training',
-    'cycle: loader -> loader.cuda_model -> loader.cuda_training -> loader.model -> loader.training',
-}
-
-
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
@@ -146,11 +138,8 @@ def _cycles(deps) -> list[list[str]]:
 
 
 def test_no_cycle_and_layers_respected(graph):
-    found = _violations(graph)
-    new = sorted(found - KNOWN)
-    assert not new, "imports that break docs/LAYOUT.md:\n  " + "\n  ".join(new)
-    gone = sorted(KNOWN - found)
-    assert not gone, "fixed, so remove from KNOWN in tests/test_layers.py:\n  " + "\n  ".join(gone)
+    found = sorted(_violations(graph))
+    assert not found, "imports that break docs/LAYOUT.md:\n  " + "\n  ".join(found)
 
 
 def test_rule_catches_a_cycle_and_an_upward_import():

@@ -88,7 +88,7 @@ def _two_weights(tmp_path):
 EDITS = {
     "libraries": lambda m: m["kernels"][0].update(libraries=["/tmp/evil.so"]),
     "entry": lambda m: m["kernels"][0].update(entry="abort"),
-    "workspace": lambda m: m["plan"].pop("workspace_bytes"),
+    "workspace": lambda m: (m["plan"].pop("workspace_bytes"), m["graphs"]["inference"]["cpu"].pop("workspace_bytes")),
     "output shape": lambda m: m["outputs"][0]["shape"].__setitem__(0, 1),
     "weight order": lambda m: m["weights"]["tensors"].reverse(),
     "range": lambda m: m["symbols"][0].update(max=1 << 40),

@@ -31,17 +31,16 @@ import torch
 
 from tcexport.formats import expr as ex
 from tcexport.formats.errors import RuntimeKernelError
-from tcexport.formats.manifest import SM_COUNT
+from tcexport.formats.dtypes import DTYPE_INFO
 from tcexport.loader.archive import open_archive
 from tcexport.loader.guards import GuardPlan
+from tcexport.loader.launch_params import LaunchBuffers, bind_params, launch_grid
 from tcexport.loader.weights import load_weights
 
 # the multiprocessor count launch grids see here: fewer programs than a persistent GEMM has tiles in the tests,
 # so each program walks several
 INTERPRET_SM_COUNT = 3
-TORCH = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-         "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8,
-         "uint8": torch.uint8, "bool": torch.bool}
+TORCH = {name: getattr(torch, name) for name in DTYPE_INFO}  # the format's dtype names are torch's
 
 
 class _NumpyLibdevice:
@@ -140,13 +139,12 @@ class InterpretedPackage:
         self.manifest = m = self.archive.manifest
         if m.cuda is None:
             raise ValueError(f"{path}: the package has no CUDA kernels (export with --target cuda:sm_XX)")
-        bundle = next((k for k in m.kernels if k.target.startswith("cuda:")), None)
-        source = bundle.file if bundle is not None else next(f for f in m.sources if f.endswith("_triton.py"))
+        source = m.cuda.source or next(f for f in m.sources if f.endswith("_triton.py"))
         self.module = load_module(self.archive.read(source).decode())
         self.guards = GuardPlan(m)
         arrays = load_weights(self.archive, m)
         self.weights = [_tensor(arrays[w.name], w.dtype) for w in m.weights]
-        self._modules: dict = {}  # training entry -> its interpreted module, imported on first use
+        self._modules: dict = {}  # training graph name -> its interpreted module, imported on first use
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         m = self.manifest
@@ -178,9 +176,9 @@ class InterpretedPackage:
         return [_numpy(o) for o in fw], {s.name: _numpy(o) for s, o in zip(t.backward.outputs, bw)}
 
     def _training_module(self, graph):
-        if graph.entry not in self._modules:
-            self._modules[graph.entry] = load_module(self.archive.read(graph.cuda.source).decode())
-        return self._modules[graph.entry]
+        if graph.name not in self._modules:
+            self._modules[graph.name] = load_module(self.archive.read(graph.cuda.source).decode())
+        return self._modules[graph.name]
 
     def _launch(self, module, launches, workspace_bytes, ins: list, out_specs, env: dict) -> list:
         """Run ``launches`` of ``module`` over these inputs; returns fresh outputs shaped by ``out_specs``."""
@@ -191,9 +189,10 @@ class InterpretedPackage:
         workspace = torch.zeros(max(ex.evaluate(workspace_bytes, env), 64) + 64, dtype=torch.uint8)
         error = torch.zeros(1, dtype=torch.int32)
         with _interpreting():
+            buffers = LaunchBuffers(ins, self.weights, outs, error, lambda offset, dtype: _temp(workspace, offset, dtype))
             for launch in launches:
-                args = [_arg(p, ins, self.weights, outs, workspace, env, error) for p in launch.params]
-                grid = tuple(ex.evaluate(g, {**env, SM_COUNT: INTERPRET_SM_COUNT}) for g in launch.grid)
+                args = [value for _, value in bind_params(launch.params, env, buffers)]
+                grid = launch_grid(launch.name, launch.grid, env, INTERPRET_SM_COUNT)
                 if min(grid) == 0:
                     continue
                 getattr(module, launch.name)[grid](*args, **launch.block)
@@ -218,20 +217,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _arg(p: dict, ins, weights, outs, workspace, env, error):
-    kind, value = p["kind"], p["value"]
-    if kind == "input":
-        return ins[value]
-    if kind == "weight":
-        return weights[value]
-    if kind == "output":
-        return outs[value]
-    if kind == "symbol":
-        return env[value]
-    if kind == "error":
-        return error
-    offset = ex.evaluate(value, env)
-    return workspace[offset:].view(TORCH[p["dtype"]]) if p["dtype"] != "bool" else workspace[offset:].view(torch.bool)
+def _temp(workspace: torch.Tensor, offset: int, dtype: str) -> torch.Tensor:
+    """A temp parameter: the arena from ``offset`` on, as ``dtype``."""
+    return workspace[offset:].view(TORCH[dtype]) if dtype != "bool" else workspace[offset:].view(torch.bool)
 
 
 def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -> list[list[np.ndarray]]:

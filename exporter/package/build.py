@@ -1,5 +1,5 @@
 """The exporter's last stage: one export's manifest and member bytes (weights, sources, CPU libraries, CUDA
-launch lists and cubins, guards, the training section), handed to ``tcexport.packager.Package``, which writes
+parts and cubins of each named graph, guards), handed to ``tcexport.packager.Package``, which writes
 the archive."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 
 from tcexport.formats.abi import CPU_ENTRY, ISA_PLACEHOLDER, Interface, descriptor
 from tcexport.formats.errors import FormatError
+from tcexport.formats.graphs import INFERENCE, CpuPart, Graph
 from tcexport.formats.manifest import CPU_ABI_VERSION, FORMAT_VERSION, KernelBundle, Manifest
 from tcexport.packager.package import Package
 
@@ -17,10 +18,10 @@ from tcexport.exporter.cpu.build import ISA_LEVELS, LIBRARIES, compiler, compile
 from tcexport.exporter.schedule.memory import ITEMSIZE
 
 from . import members as names
-from .cuda import cuda_section
+from .cuda import cuda_bundles, cuda_part
 from .exprs import to_expr
 from .interface import guards, interface
-from .training import training_section
+from .training import training_graphs
 from .weights import weights_bytes
 
 TCEXPORT_VERSION = "0.1.0"
@@ -42,13 +43,17 @@ def package(r, model_name: str, embed_onnx: bool = False) -> Package:
     if g.cuda is not None:
         members[names.TRITON_SOURCE] = g.cuda.module.source.encode()
         sources.append(names.TRITON_SOURCE)
-        cuda, cuda_bundles = cuda_section(g, r.job.tuning, members)
-        bundles = cuda_bundles + bundles
+        cuda = cuda_part(g, members, names.TRITON_SOURCE, "", r.job.tuning)
+        bundles = cuda_bundles(cuda) + bundles
     onnx = None
     if embed_onnx and r.onnx is not None:
         members[names.ONNX_FILE] = r.onnx[0]
         onnx = {"file": names.ONNX_FILE, "opset": r.onnx[1]}
-    training, training_sources = training_section(r, face.outputs, members)
+    cpu_part = CpuPart(CPU_ENTRY, face.workspace_bytes, tuple(k.name for k in g.kernels)) \
+        if any(b.target == "cpu" for b in bundles) else None
+    graphs = {INFERENCE: Graph(INFERENCE, face.inputs, face.outputs, cpu_part, cuda)}
+    training, training_sources = training_graphs(r, face.inputs, face.outputs, members, cpu=cpu_part is not None)
+    graphs.update(training)
     manifest = Manifest(
         format_version=FORMAT_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
@@ -63,14 +68,13 @@ def package(r, model_name: str, embed_onnx: bool = False) -> Package:
         weights_file=names.WEIGHTS_FILE,
         weights=face.weights,
         kernels=tuple(bundles),
-        workspace_bytes=face.workspace_bytes,
-        plan={"kernels": [k.name for k in g.kernels],
+        graphs=graphs,
+        plan={"kernels": [k.name for k in g.kernels], "workspace_bytes": face.workspace_bytes,
               "workspace_bytes_without_reuse": to_expr(g.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(g))},
         sources=tuple(sources + training_sources),
         onnx=onnx,
-        cuda=cuda,
-        training=training,
+        trainable=tuple(r.training.trainable) if r.training is not None else (),
     )
     if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "

@@ -1,9 +1,11 @@
-"""A graph's CUDA part of the manifest: its launch list (each buffer parameter resolved to an input, weight,
-output or workspace offset) and its cubins as archive members, one bundle per arch."""
+"""A graph's CUDA part of the manifest (formats/graphs.CudaPart, SPEC §2a): its launch list (each buffer parameter
+resolved to an input, weight, output or workspace offset), its cubins as archive members per arch, and the GPU's
+own kernel list; and the CUDA bundles, one per arch."""
 
 from __future__ import annotations
 
-from tcexport.formats.manifest import CUDA_ABI_VERSION, Cubin, CudaPlan, KernelBundle, Launch
+from tcexport.formats.graphs import CudaPart
+from tcexport.formats.manifest import CUDA_ABI_VERSION, Cubin, KernelBundle, Launch
 
 from tcexport.exporter.cuda.build import triton_version
 
@@ -11,17 +13,26 @@ from . import members as names
 from .exprs import to_expr
 
 
-def cuda_section(g, tuning: dict | None, members: dict) -> tuple[CudaPlan, list[KernelBundle]]:
-    """The inference graph's launch list (shared by every arch) and one bundle of cubins per arch."""
-    bundles = [KernelBundle(target=f"cuda:sm_{arch}", isa=f"sm_{arch}", requires=(), file=names.TRITON_SOURCE,
-                            abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",), blas=(), cubins=files)
-               for arch, files in cubin_members(g, members, "").items()]
-    return cuda_launches(g, tuning), bundles
+def cuda_part(g, members: dict, source: str, folder: str, tuning=None) -> CudaPart:
+    """Graph ``g``'s CUDA part: its launches (shared by every arch), its cubins per arch (added to ``members``
+    under ``kernels/cuda-sm_XX/<folder>``), its Triton source member ``source`` and the GPU's own kernel list
+    (``g.cuda.kernels``)."""
+    launches, workspace = cuda_launches(g)
+    cubins = {f"sm_{arch}": files for arch, files in cubin_members(g, members, folder).items()}
+    return CudaPart(source, triton_version(), g.cuda.module.index_bits, workspace, launches, cubins,
+                    tuple(k.name for k in g.cuda.kernels), tuning)
 
 
-def cuda_launches(g, tuning: dict | None = None) -> CudaPlan:
+def cuda_bundles(part: CudaPart) -> list[KernelBundle]:
+    """One CUDA bundle per arch the inference graph has cubins for (its cubins are the graph's)."""
+    return [KernelBundle(target=f"cuda:{isa}", isa=isa, requires=(), file=names.TRITON_SOURCE,
+                         abi=CUDA_ABI_VERSION, entry="", libraries=("libcuda.so.1",), blas=())
+            for isa in part.cubins]
+
+
+def cuda_launches(g) -> tuple[tuple, object]:
     """A graph's launch list in manifest form: each buffer parameter as the input, weight or output it is, or as
-    a temp at its offset in the GPU's own memory plan; ``tuning`` is recorded with it."""
+    a temp at its offset in the GPU's own memory plan; and that plan's arena size."""
     prog, cuda = g.program, g.cuda
     where = {name: ("input", k) for k, name in enumerate(prog.inputs)}
     where |= {name: ("weight", k) for k, name in enumerate(prog.weights)}
@@ -39,8 +50,7 @@ def cuda_launches(g, tuning: dict | None = None) -> CudaPlan:
             params.append(param)
         launches.append(Launch(launch.name, tuple(params), tuple(to_expr(g) for g in launch.grid),
                                dict(launch.constexprs), launch.num_warps, launch.num_stages, launch.index_bits))
-    return CudaPlan(triton_version(), cuda.module.index_bits, tuple(launches),
-                    to_expr(cuda.memory.workspace_bytes), tuning)
+    return tuple(launches), to_expr(cuda.memory.workspace_bytes)
 
 
 def cubin_members(g, members: dict, folder: str) -> dict[int, tuple]:

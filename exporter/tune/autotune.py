@@ -157,7 +157,7 @@ class Bench:
     def kernels(self, indexes: list, regen: dict, cubin) -> list:
         """Loader kernels running ``cubin`` (a family's representative) with each member's own parameters and
         the grid its regenerated launch has."""
-        from tcexport.loader.cuda_model import _Kernel
+        from tcexport.loader.cuda_model import CudaKernel as _Kernel
         from tcexport.exporter.package.exprs import to_expr
 
         old = [self.model._kernels[i] for i in indexes]

@@ -52,7 +52,8 @@ GOLDEN = {
     "v1_4": ("1.4", "054205feca885488ffabe50f8e33daa19987aa3d"),  # introduced by a5a5ffd
     "v1_5": ("1.5", "b4c81a29997a9e48b08bb7245cb589d6e359f3ab"),  # introduced by 7c4bfc2
     "v1_6": ("1.6", "76f274abacc72e7f67d262098eeaf11595c4c56d"),  # introduced by bb49c70; HEAD when built
-    "v1_7": ("1.7", CURRENT),
+    "v1_7": ("1.7", "a52a1ae498f69b5d10ff6cb324444669fc8594e4"),  # introduced by b5b593e; built from its working tree
+    "v1_8": ("1.8", CURRENT),
 }
 
 CHECK_BATCH = 5  # the batch of the input expected.json stores
