@@ -234,12 +234,12 @@ class TrainableCudaModel(TrainingCalls, CudaModel):
         values = read_safetensors(source) if isinstance(source, (str, pathlib.Path)) else dict(source)
         keep: list = []  # converted values: the memory each copy reads stays alive until it is done
 
-        def describe(value, name: str):
+        def on_device(value, name: str):
             value = _contiguous(value)
             keep.append(value)
             return describe(value, name, self.device)
 
-        staged = self._weights_to_load(values, strict, describe)
+        staged = self._weights_to_load(values, strict, on_device)
         self.device.make_current()
         self.device.synchronize_context()
         for name, meta in staged.items():  # every check passed: nothing is half-loaded
