@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
+from tcexport.formats.dtypes import DTYPES
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import Kernel
 
 ALIGN = 64
-ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-            "uint8": 1, "bool": 1}
+ITEMSIZE = DTYPES  # bytes per element, from the format's one dtype table
 
 
 @dataclass
