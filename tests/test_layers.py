@@ -170,3 +170,13 @@ def test_files_and_functions_stay_small():
                     if length > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in LONG:
                         found.append(f"{rel}:{node.name}: {length} lines")
     assert not found, "split these, or name the reason in LONG:\n  " + "\n  ".join(found)
+
+
+def test_every_package_folder_is_installed():
+    """A room missing from pyproject's ``packages`` works in a checkout but not in an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"tcexport." + ".".join(f.parent.relative_to(ROOT).parts) for pkg in PACKAGES
+             for f in (ROOT / pkg).rglob("__init__.py")}
+    assert found == listed, f"missing from pyproject: {sorted(found - listed)}; stale: {sorted(listed - found)}"
