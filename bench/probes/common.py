@@ -121,3 +121,13 @@ class Mode:
         import torch
 
         return torch.float16 if self.check else torch.bfloat16
+
+
+def run_mode(args: argparse.Namespace) -> Mode:
+    """The Mode ``--check`` (add_check_option) asks for, once this machine can run it: the interpreter for
+    ``--check``, a GPU otherwise."""
+    if args.check:
+        require_interpreter()
+    else:
+        require_gpu()
+    return Mode(args.check)

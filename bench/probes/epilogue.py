@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
+from bench.probes.common import Mode, add_check_option, graph_us, parser, run_mode
 from bench.probes.gemm_kernels import tile_pid
 
 
@@ -100,12 +100,7 @@ def epilogues(mode: Mode):
 def main(argv=None):
     p = parser(__doc__)
     add_check_option(p)
-    args = p.parse_args(argv)
-    if args.check:
-        require_interpreter()
-    else:
-        require_gpu()
-    epilogues(Mode(args.check))
+    epilogues(run_mode(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

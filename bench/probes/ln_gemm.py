@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.probes.common import Mode, add_check_option, parser, require_gpu, require_interpreter
+from bench.probes.common import Mode, add_check_option, parser, run_mode
 from bench.probes.gemm_kernels import tile_pid
 
 
@@ -103,12 +103,7 @@ def compare(mode: Mode):
 def main(argv=None):
     p = parser(__doc__)
     add_check_option(p)
-    args = p.parse_args(argv)
-    if args.check:
-        require_interpreter()
-    else:
-        require_gpu()
-    compare(Mode(args.check))
+    compare(run_mode(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.probes.common import Mode, add_check_option, graph_us, parser, require_gpu, require_interpreter
+from bench.probes.common import Mode, add_check_option, graph_us, parser, run_mode
 from bench.probes.gemm_kernels import mm_tile, tile_pid
 
 
@@ -267,16 +267,13 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.check and (args.sweep or args.sweep_wide):
         p.error("--sweep and --sweep-wide time kernels on a GPU; --check runs the GEMM comparison's shapes")
-    if args.check:
-        require_interpreter()
-    else:
-        require_gpu()
+    mode = run_mode(args)
     if args.sweep:
         sweep()
     elif args.sweep_wide:
         sweep_wide()
     else:
-        gemms(Mode(args.check), args.fc2)
+        gemms(mode, args.fc2)
 
 
 if __name__ == "__main__":
