@@ -19,6 +19,7 @@ class BenchModel:
     inputs: Callable[[int], tuple]         # example inputs at a batch size (CPU tensors)
     dynamic_shapes: dict
     dtype: torch.dtype = torch.float32
+    family: str = ""                    # the suite report's grouping ("CNN", "decoder LM", ...)
 
 
 def _model_file(path: Path):
@@ -84,4 +85,8 @@ def get(name: str) -> BenchModel:
         return gpt2("gpt2-tiny", 32, n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=128)
     if name == "gpt2-small":
         return gpt2("gpt2-small", 128, n_layer=12, n_embd=768, n_head=12)
+    from .zoo import MODELS
+
+    if name in MODELS:
+        return MODELS[name]()
     raise KeyError(f"unknown benchmark model {name!r}")
