@@ -16,16 +16,31 @@ from .models import BenchModel
 
 
 class _First(nn.Module):
-    """A transformers model as tensor-in, tensor-out: its first output (``logits`` or ``last_hidden_state``)."""
+    """A transformers model as tensor-in, tensor-out: its first output (``logits`` or ``last_hidden_state``).
+    The forward names its input as the suite's dynamic shapes do (subclasses below)."""
 
     def __init__(self, inner, **call):
         super().__init__()
         self.inner = inner
         self.call = call
 
-    def forward(self, *xs):
-        out = self.inner(*xs, return_dict=False, **self.call)
-        return out[0]
+    def run(self, x):
+        return self.inner(x, return_dict=False, **self.call)[0]
+
+
+class _Ids(_First):
+    def forward(self, input_ids):
+        return self.run(input_ids)
+
+
+class _Pixels(_First):
+    def forward(self, pixel_values):
+        return self.run(pixel_values)
+
+
+class _Features(_First):
+    def forward(self, input_features):
+        return self.run(input_features)
 
 
 class _T5(nn.Module):
@@ -70,7 +85,7 @@ def gpt2(layers: int = 12, width: int = 768, heads: int = 12) -> nn.Module:
 
     cfg = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50257, n_positions=1024,
                      attn_implementation="sdpa")
-    return _First(GPT2LMHeadModel(cfg), use_cache=False)
+    return _Ids(GPT2LMHeadModel(cfg), use_cache=False)
 
 
 def llama(layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: int = 32000) -> nn.Module:
@@ -79,7 +94,7 @@ def llama(layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: i
     cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=width, intermediate_size=ffn, num_attention_heads=heads,
                       num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=2048, use_cache=False,
                       bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="sdpa")
-    return _First(LlamaForCausalLM(cfg), use_cache=False)
+    return _Ids(LlamaForCausalLM(cfg), use_cache=False)
 
 
 # --- encoders, encoder-decoder, audio --------------------------------------------------------------------------
@@ -87,7 +102,7 @@ def llama(layers: int, width: int, heads: int, kv_heads: int, ffn: int, vocab: i
 def bert_base() -> nn.Module:
     from transformers import BertConfig, BertModel
 
-    return _First(BertModel(BertConfig(attn_implementation="sdpa"), add_pooling_layer=False))
+    return _Ids(BertModel(BertConfig(attn_implementation="sdpa"), add_pooling_layer=False))
 
 
 def t5_small() -> nn.Module:
@@ -103,7 +118,7 @@ def whisper_encoder(width: int = 384, layers: int = 4, heads: int = 6) -> nn.Mod
 
     cfg = WhisperConfig(d_model=width, encoder_layers=layers, encoder_attention_heads=heads,
                         encoder_ffn_dim=4 * width, decoder_layers=1, num_mel_bins=80, attn_implementation="sdpa")
-    return _First(WhisperModel(cfg).get_encoder())
+    return _Features(WhisperModel(cfg).get_encoder())
 
 
 # --- vision transformers ---------------------------------------------------------------------------------------
@@ -113,13 +128,13 @@ def vit(width: int = 768, layers: int = 12, heads: int = 12) -> nn.Module:
 
     cfg = ViTConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * width,
                     image_size=224, patch_size=16, attn_implementation="sdpa")
-    return _First(ViTModel(cfg, add_pooling_layer=False))
+    return _Pixels(ViTModel(cfg, add_pooling_layer=False))
 
 
 def swin_tiny() -> nn.Module:
     from transformers import SwinConfig, SwinModel
 
-    return _First(SwinModel(SwinConfig(image_size=224, embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+    return _Pixels(SwinModel(SwinConfig(image_size=224, embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                                        window_size=7)))
 
 
@@ -130,13 +145,13 @@ def resnet(depths: list[int], bottleneck: bool) -> nn.Module:
 
     cfg = ResNetConfig(depths=depths, layer_type="bottleneck" if bottleneck else "basic",
                        hidden_sizes=[256, 512, 1024, 2048] if bottleneck else [64, 128, 256, 512], num_labels=1000)
-    return _First(ResNetForImageClassification(cfg))
+    return _Pixels(ResNetForImageClassification(cfg))
 
 
 def convnext_tiny() -> nn.Module:
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
-    return _First(ConvNextForImageClassification(ConvNextConfig(depths=[3, 3, 9, 3],
+    return _Pixels(ConvNextForImageClassification(ConvNextConfig(depths=[3, 3, 9, 3],
                                                                 hidden_sizes=[96, 192, 384, 768],
                                                                 num_labels=1000)))
 
@@ -146,13 +161,13 @@ def efficientnet_b0() -> nn.Module:
 
     cfg = EfficientNetConfig(image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280,
                              dropout_rate=0.2, num_labels=1000)  # the config's defaults are B7's
-    return _First(EfficientNetForImageClassification(cfg))
+    return _Pixels(EfficientNetForImageClassification(cfg))
 
 
 def mobilenet_v2() -> nn.Module:
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
-    return _First(MobileNetV2ForImageClassification(MobileNetV2Config(image_size=224, num_labels=1000)))
+    return _Pixels(MobileNetV2ForImageClassification(MobileNetV2Config(image_size=224, num_labels=1000)))
 
 
 class _SqueezeExcite(nn.Module):
