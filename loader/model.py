@@ -177,7 +177,7 @@ class Model:
         b = self._buffers()
         outputs, ws = self._allocate(b, sig)
         fork = FORK
-        if b.threads > 1 and (fork.broken or not fork.threads_started):
+        if b.threads > 1 and self._native.openmp and (fork.broken or not fork.threads_started):
             b.set_threads(fork.threads(b.threads))
         pointers = b.inputs
         for k, a in enumerate(arrays):

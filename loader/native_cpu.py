@@ -55,6 +55,11 @@ class NativeLibrary:
     run: object                 # the ctypes function for bundle.entry; no argtypes: pass ctypes objects (see _entry)
     blas: tuple                 # function addresses, in bundle.blas order
 
+    @property
+    def openmp(self) -> bool:
+        """Its threads are libgomp's (libraries built before the runtime had its own pool): see _ForkGuard."""
+        return "libgomp.so.1" in self.bundle.libraries
+
 
 def cpu_flags() -> set[str] | None:
     """This CPU's feature flags as /proc/cpuinfo spells them; None where they cannot be read."""
@@ -376,7 +381,9 @@ def check_descriptor(cdll: ctypes.CDLL, bundle: KernelBundle, manifest: Manifest
 
 
 class _ForkGuard:
-    """GNU libgomp cannot start threads in a child forked after its thread pool ran in the parent: the child's
+    """For libraries whose threads are libgomp's (NativeLibrary.openmp; today's libraries run their own pool,
+    which starts afresh in a forked child). GNU libgomp cannot start threads in a child forked after its thread
+    pool ran in the parent: the child's
     first parallel region waits forever for threads that were not copied. So once a call has run on more than one
     thread, a forked child runs every call on one thread (correct, only slower) and says so once. The state is
     process-wide because libgomp's is."""

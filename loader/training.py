@@ -235,7 +235,7 @@ class TrainableModel(TrainingCalls, Model):
         nbytes = entry.workspace(env)
         self._check_workspace(nbytes, env)
         ws = b.workspace_for(nbytes)
-        if b.threads > 1:
+        if b.threads > 1 and self._native.openmp:
             b.set_threads(FORK.threads(b.threads))
         rc = entry.run(b.ctx_ref, sig.symbols, ins, self._weight_ptrs, outs, ws)
         if rc != 0:

@@ -14,6 +14,7 @@ import pytest
 from packages import ROOT
 
 PRELUDE = ROOT / "exporter" / "cpu" / "runtime" / "prelude.h"
+POOL = ROOT / "exporter" / "cpu" / "runtime" / "pool.h"  # the thread pool prelude.h runs GEMMs on
 FUNCS = ["exp", "log", "erf", "tanh", "sigmoid"]
 WRAPPER = "\n".join(
     f'extern "C" void v_{f}(const float* __restrict__ x, float* __restrict__ y, long n) '
@@ -24,7 +25,7 @@ WRAPPER = "\n".join(
 def lib(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("math")
     src = tmp / "math.cpp"
-    src.write_text(f'#include "{PRELUDE}"\n{WRAPPER}\n')
+    src.write_text(f'#include "{POOL}"\n#include "{PRELUDE}"\n{WRAPPER}\n')
     out = tmp / "math.so"
     r = subprocess.run(["g++", "-O3", "-march=x86-64-v3", "-fno-math-errno", "-fno-trapping-math", "-shared",
                         "-fPIC", str(src), "-o", str(out), "-fopt-info-vec-optimized"], capture_output=True, text=True)
@@ -108,7 +109,7 @@ def half_lib(request, tmp_path_factory):
     isa = next(i for i in build.ISA_LEVELS if i.name == request.param)
     tmp = tmp_path_factory.mktemp(f"half-{isa.name}")
     src = tmp / "half.cpp"
-    src.write_text(f'#include "{PRELUDE}"\n{HALF_WRAPPER}\n')
+    src.write_text(f'#include "{POOL}"\n#include "{PRELUDE}"\n{HALF_WRAPPER}\n')
     out = tmp / "half.so"
     flags = [*build.BASE_FLAGS, f"-march={isa.name}", *build.ISA_FLAGS.get(isa.name, ()), "-fopt-info-vec-optimized"]
     r = subprocess.run(["g++", *flags, str(src), "-o", str(out)], capture_output=True, text=True)
@@ -183,7 +184,6 @@ def test_half_conversion_loops_vectorise(half_lib):
 # tc_gemm: its own float32 kernel on AVX-512, BLAS elsewhere; splits across threads
 
 GEMM_WRAPPER = r"""
-#include <omp.h>
 static void naive_sgemm(int, int ta, int tb, int m, int n, int k, float, const float* a, int lda, const float* b,
                         int ldb, float, float* c, int ldc) {
   for (int i = 0; i < m; ++i)
@@ -197,7 +197,6 @@ static void naive_sgemm(int, int ta, int tb, int m, int n, int k, float, const f
 // C = op(A) op(B) per batch
 extern "C" void run_gemm(int nt, long batch, long m, long n, long k, int ta, const float* a, long lda, long a_batch,
                          int tb, const float* b, long ldb, long b_batch, float* c) {
-  omp_set_dynamic(0);
   tc_gemm<float>(naive_sgemm, nt, batch, m, n, k, ta != 0, a, lda, a_batch, tb != 0, b, ldb, b_batch, c);
 }
 """
@@ -220,7 +219,7 @@ def gemm_lib(request, tmp_path_factory):
         pytest.skip(f"this CPU cannot run {isa.name}")
     tmp = tmp_path_factory.mktemp(f"gemm-{isa.name}")
     src = tmp / "gemm.cpp"
-    src.write_text(f'#include "{PRELUDE}"\nnamespace {{\n{GEMM_WRAPPER}\n}}\n'
+    src.write_text(f'#include "{POOL}"\n#include "{PRELUDE}"\nnamespace {{\n{GEMM_WRAPPER}\n}}\n'
                    'extern "C" void gemm_entry(int nt, long batch, long m, long n, long k, int ta, const float* a, '
                    'long lda, long a_batch, int tb, const float* b, long ldb, long b_batch, float* c) '
                    '{ run_gemm(nt, batch, m, n, k, ta, a, lda, a_batch, tb, b, ldb, b_batch, c); }\n')

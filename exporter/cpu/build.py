@@ -36,8 +36,8 @@ class IsaLevel:
 # that what a package says a level requires is what the loader checks.
 ISA_LEVELS = tuple(IsaLevel(name, requires) for name, requires in CPU_ISA_REQUIRES.items())
 ISA_FLAGS = {"x86-64-v4": ("-mprefer-vector-width=512",)}  # GCC otherwise keeps 256-bit vectors on AVX-512
-LIBRARIES = ("libgomp.so.1",)
-BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+LIBRARIES = ()  # threads are the runtime's own pool (runtime/pool.h): libstdc++ is static, libc has pthreads
+BASE_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp-simd", "-pthread", "-fno-math-errno", "-fno-trapping-math",
               "-fno-plt", "-static-libstdc++", "-static-libgcc", "-Wall", "-Wno-unused-variable",
               "-Wno-unused-but-set-variable", "-Wno-unknown-pragmas", "-Wl,--build-id=none", "-ffile-prefix-map=/=/")
 

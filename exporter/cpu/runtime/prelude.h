@@ -15,7 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -425,7 +424,7 @@ struct tc_gemm_split {
 };
 
 // GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph),
-// or for float32 on AVX-512 through tc_sgemm_own. The work is split across the OpenMP threads (tc_gemm_split);
+// or for float32 on AVX-512 through tc_sgemm_own. The work is split across the pool's threads (tc_gemm_split, runtime/pool.h);
 // each piece is one BLAS call (or one own-kernel call) on a contiguous slice.
 template <typename T, typename Gemm>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
@@ -459,10 +458,11 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
          bb, (int)ldb, T(0), c, (int)N);
   };
-  if (split.threads > 1) {  // no OpenMP region at all otherwise: even a one-thread region costs ~0.5 us
-    #pragma omp parallel for num_threads(split.threads) collapse(2) schedule(static)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
+  if (split.threads > 1) {  // the pool is not used at all otherwise: a small product is done before it wakes
+    const int64_t parts = split.parts;
+    tc_parallel_range(split.threads, batch * parts, batch * parts, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) piece(i / parts, i % parts);
+    });
   } else {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
