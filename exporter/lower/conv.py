@@ -112,7 +112,8 @@ def _convolution_gemm(low, val, x, w, bias, geo, lead: int):
     """im2col + GEMM: cols[n, (ci, k...), o...] is x at each output's window (0 in the padding), then
     out[n] = W [Cout, Cin*K] @ cols[n] [Cin*K, O] + bias, the bias (and the rounding of 16-bit outputs) in the
     GEMM's epilogue. The product runs on the backends' GEMMs (BLAS or the AVX-512 kernel on the CPU, the Triton
-    template on the GPU) instead of a scalar reduction per output; cols costs K times the input's memory."""
+    template on the GPU) instead of a scalar reduction per output; cols costs K times the input's memory, so a
+    1x1 convolution with stride 1 and no padding (a third of a ResNet's) reads x as its operand directly."""
     stride, padding, dilation = geo
     shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
     nsp = len(w.shape) - 2
@@ -123,13 +124,17 @@ def _convolution_gemm(low, val, x, w, bias, geo, lead: int):
     k_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
     o_vars = [ir.ivar(lead + 1 + nsp + d) for d in range(nsp)]
     last = window_last(o_vars, o_sizes, k_vars, kernel)
-    patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead)], window_positions(o_vars, k_vars, stride, padding,
-                                                                               dilation), 0, out, last)
-    cols = low.pointwise(tuple(n + [cin] + kernel + o_sizes), out, patch)
     row, col = ir.ivar(1), ir.ivar(2)  # the operands' (batch, row, col) = (i0, i1, i2)
     a = _view(w, tuple(n + [cout, cin * kp]), [row] + _split(col, [cin] + kernel), lead)
-    b = _view(cols, tuple(n + [cin * kp, op]), ([ir.ivar(0)] if lead else []) + _split(row, [cin] + kernel)
-              + _split(col, o_sizes), lead)
+    batch = [ir.ivar(0)] if lead else []
+    if kp == 1 and all(s == 1 for s in stride) and not any(padding) and x.buffer.dtype == out:
+        # a 1x1 window over every position: x itself is the [Cin, O] operand, no copy
+        b = _view(x, tuple(n + [cin, op]), batch + [row] + _split(col, o_sizes), lead)
+    else:
+        patch = window_load(x, [ir.ivar(0)] * lead + [ir.ivar(lead)],
+                            window_positions(o_vars, k_vars, stride, padding, dilation), 0, out, last)
+        cols = low.pointwise(tuple(n + [cin] + kernel + o_sizes), out, patch)
+        b = _view(cols, tuple(n + [cin * kp, op]), batch + _split(row, [cin] + kernel) + _split(col, o_sizes), lead)
     prod = lower_ops.gemm(low, val, a, b, batched=bool(lead))
     acc = prod.dtype
     body = prod.load(ivars(len(shape)))
