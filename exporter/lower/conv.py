@@ -57,6 +57,17 @@ def window_load(x: TensorRef, lead: list, positions: list, fill, dtype: str, las
     return v if cond is None else ir.Op(dtype, "where", (cond, v, ir.Const(dtype, fill)))
 
 
+def window_reach(kernel: list, sizes, padding: list, dilation: list) -> list:
+    """How much of a window a reduction must visit per dim: tap k reads input position o*s - p + k*d, which is
+    past the input for every output once k*d >= size + p, so a window larger than the padded input (a global
+    pool written as AvgPool2d(1280) over 7x7, as EfficientNet does) reduces over only what can be read."""
+    out = []
+    for k, size, p, d in zip(kernel, sizes, padding, dilation):
+        size = sympy.sympify(size)
+        out.append(min(k, -(-(int(size) + p) // d)) if size.is_Integer else k)
+    return out
+
+
 def _is_var(s) -> bool:
     return s.name[0] in "ir" and s.name[1:].isdigit()
 
@@ -160,6 +171,7 @@ def _max_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, dilation=1
     stride, padding, dilation = ints(stride, 2) or kernel, ints(padding, 2), ints(dilation, 2)
     shape, out = shape_of(low, val[0]), torch_dtype_name(val[0].dtype)
     lead = len(x.shape) - 2
+    kernel = window_reach(kernel, x.shape[lead:], padding, dilation)  # also what the argmax is decoded with
     out_vars = [ir.ivar(lead + d) for d in range(2)]
     k_vars = [ir.rvar(d) for d in range(2)]
     last = window_last(out_vars, shape[lead:], k_vars, kernel)
@@ -193,7 +205,8 @@ def _avg_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, ceil_mode=
     last = window_last(out_vars, shape[lead:], k_vars, kernel)
     positions = window_positions(out_vars, k_vars, stride, padding, [1, 1])
     v = window_load(x, [ir.ivar(k) for k in range(lead)], positions, 0, out, last)
-    total = reduction(low, shape, out, "sum", kernel, v).load(ivars(len(shape)))
+    reach = window_reach(kernel, x.shape[lead:], padding, [1, 1])
+    total = reduction(low, shape, out, "sum", reach, v).load(ivars(len(shape)))
     if divisor_override:
         count = ir.Const(out, float(divisor_override))
     else:
