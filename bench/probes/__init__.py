@@ -1,4 +1,4 @@
-"""Experiments: one question each about a kernel or a call on a GPU, answered once and written up by hand in its
+"""Experiments: one question each about a kernel or a call (on a GPU, but for cpu_gemm), answered once and written up by hand in its
 results file under bench/results/ (named in the probe's docstring). Unlike the harness (bench/run.py and the rest
 of bench/), a probe may time code the product does not ship (hand-written Triton kernels, other tiles) or build the
 product with a non-default option (exporter/options.py's CudaOptions), never by patching it. Each is
@@ -9,6 +9,7 @@ They share bench/probes/common.py (options, the GPT-2 export, a CUDA-graph timer
 | probe | question |
 |---|---|
 | attention | variants of the attention kernel: P's precision, skipped blocks, the output layout, the mask |
+| cpu_gemm | the CPU package's GEMMs against torch and the machine's float32 peak, shape by shape |
 | call_overhead | what a call costs beyond its kernels: the index check, host phases, graph replay, launch calls |
 | dependent_launch | where a kernel lets the next one launch (CudaOptions.dependent_trigger) |
 | epilogue | what GEMM epilogues cost: bias, GELU forms, residual, indices per element or per row |
