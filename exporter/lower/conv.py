@@ -202,10 +202,10 @@ def _avg_pool2d(low, node, val, x, kernel_size, stride=(), padding=0, ceil_mode=
     lead = len(x.shape) - 2
     out_vars = [ir.ivar(lead + d) for d in range(2)]
     k_vars = [ir.rvar(d) for d in range(2)]
-    last = window_last(out_vars, shape[lead:], k_vars, kernel)
+    reach = window_reach(kernel, x.shape[lead:], padding, [1, 1])  # the divisor below counts the whole window
+    last = window_last(out_vars, shape[lead:], k_vars, reach)
     positions = window_positions(out_vars, k_vars, stride, padding, [1, 1])
     v = window_load(x, [ir.ivar(k) for k in range(lead)], positions, 0, out, last)
-    reach = window_reach(kernel, x.shape[lead:], padding, [1, 1])
     total = reduction(low, shape, out, "sum", reach, v).load(ivars(len(shape)))
     if divisor_override:
         count = ir.Const(out, float(divisor_override))
