@@ -37,7 +37,7 @@ def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("
     return pipeline.export(model, example_inputs, dynamic_shapes, targets, tuning=tuning, **kw)
 
 
-_TUNE_ARGS = ("dynamic", "cache_dir", "source_path", "backward", "grad_inputs", "cuda_options")
+_TUNE_ARGS = ("dynamic", "cache_dir", "source_path", "backward", "grad_inputs", "cuda_options", "precision")
 
 
 def _write_report(dump: Path, report: str) -> None:

@@ -14,6 +14,7 @@ every per-graph stage then runs on each of them, and their dumps hold one ``== n
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ class Job:
     tuning: dict | None = None            # the manifest's cuda.tuning to build with (None: the heuristics)
     cuda_options: CudaOptions = field(default_factory=CudaOptions)
     onnx: bool = False                    # also export the model to ONNX
+    precision: str | None = None          # "bf16"/"fp16": the model as it computes under autocast
 
     @property
     def cpu(self) -> bool:
@@ -110,7 +112,8 @@ def stage_capture(r: Results) -> str:
     from tcexport.exporter.front import capture
 
     # a training package shares its weights between every graph, so no graph may fold them
-    captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward)
+    captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
+                               precision=r.job.precision)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
         "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items())
@@ -248,7 +251,9 @@ def stage_build_cuda(r: Results) -> str:
 def stage_onnx(r: Results) -> str:
     from tcexport.exporter.check.onnx import export_onnx_bytes
 
-    r.onnx = export_onnx_bytes(r.job.spec, r.inference.captured.dynamic_shapes)
+    reference = r.inference.captured.reference  # --precision: the autocast module is what the package computes
+    spec = r.job.spec if reference is None else dataclasses.replace(r.job.spec, module=reference)
+    r.onnx = export_onnx_bytes(spec, r.inference.captured.dynamic_shapes)
     return f"ONNX opset {r.onnx[1]}, {len(r.onnx[0])} bytes"
 
 
@@ -337,7 +342,7 @@ def cuda_archs(targets) -> list[int]:
 def make_job(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
              dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
              build_cubins: bool = True, tuning=None, cuda_options: CudaOptions | None = None,
-             onnx: bool = False) -> Job:
+             onnx: bool = False, precision: str | None = None) -> Job:
     """The Job for ``export``'s arguments, every option checked before any stage runs."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -345,17 +350,27 @@ def make_job(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None
     spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
                      input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     job = Job(spec, tuple(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None, backward,
-              tuple(grad_inputs), build_cubins, read_tuning(tuning), cuda_options or CudaOptions(), onnx)
+              tuple(grad_inputs), build_cubins, read_tuning(tuning), cuda_options or CudaOptions(), onnx, precision)
+    _check_precision(job)
     if job.tuning is not None and not job.archs:
         raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
     return job
+
+
+def _check_precision(job: Job) -> None:
+    from tcexport.exporter.front.autocast import precision_dtype
+
+    precision_dtype(job.precision)  # an unknown name is an ExportError naming the known ones
+    if job.precision is not None and job.backward:
+        raise ExportError(f"--precision {job.precision} exports the inference graph under autocast; training "
+                          "graphs (--backward) keep the model's own dtypes. Drop one of the two options.")
 
 
 def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
-           tuning=None, cuda_options: CudaOptions | None = None):
+           tuning=None, cuda_options: CudaOptions | None = None, precision: str | None = None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -368,6 +383,9 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     ``tuning`` (a .tcpkg path, or its manifest's ``cuda.tuning``) builds with a recorded tuning instead of the
     heuristics, no GPU needed; ``tcexport.exporter.export(..., autotune=True)`` makes one first (tune/autotune.py).
     ``cuda_options`` (exporter/options.py) says how CUDA kernels are generated and built.
+    ``precision`` ("bf16" or "fp16") exports the model as it computes under ``torch.autocast("cuda", dtype)``
+    (front/autocast.py): GEMMs, convolutions and attention in 16 bits, norms, softmax and reductions in float32,
+    GEMM weights stored in 16 bits; ``package.reference`` is that module, for comparisons.
     """
     from tcexport.exporter.package.build import package
 
@@ -375,7 +393,7 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     job = make_job(model, example_inputs, dynamic_shapes, targets, dynamic=dynamic, cache_dir=cache_dir,
                    source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=build_cubins,
-                   tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None)
+                   tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None, precision=precision)
     results = run_stages(job, Path(dump) if dump else None, on_stage)
     t0 = time.perf_counter()
     pkg = package(results, name or type(model).__name__, embed_onnx=onnx == "embed")

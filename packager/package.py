@@ -23,6 +23,7 @@ class Package:
     onnx: bytes | None = None  # the model as ONNX, when the export asked for it
     warnings: tuple = ()       # what export demanded and tcexport accepted (e.g. a divisibility guard)
     digest: str | None = None  # the package digest of the archive ``save`` wrote last (SPEC §7)
+    reference: object = None   # what the package computes when that is not the model itself (--precision); not saved
 
     def save(self, path, sign_key=None) -> Path:
         """Write the archive atomically; ``sign_key`` (an ed25519 private key: PEM path or bytes) signs it."""

@@ -16,6 +16,7 @@ which loader/guards.py checks before every call.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ import sympy
 import torch
 from torch._decomp import get_decompositions
 
-from tcexport.exporter.front import dynamic
+from tcexport.exporter.front import autocast, dynamic
 from tcexport.exporter.front import relations
 from tcexport.exporter.errors import CaptureError, SpecializedDimError
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
@@ -56,6 +57,7 @@ class Captured:
     notes: list = field(default_factory=list)   # what export demanded and we accepted (summary warnings)
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
+    reference: object = None                    # --precision: the module the package computes (autocast.py)
 
 
 def decomposition_table():
@@ -96,13 +98,20 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
     return torch.matmul(attn, value).to(dtype).contiguous(), attn
 
 
-def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True) -> Captured:
+def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None) -> Captured:
     """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
     then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
-    (a training package shares these weights with its training graphs, where each is a parameter of its own)."""
+    (a training package shares these weights with its training graphs, where each is a parameter of its own).
+    ``precision`` ("bf16", "fp16") captures the model as it computes under autocast (autocast.py): a first
+    export at the op level autocast works on, the casts made explicit, then the export every model gets."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
+    reference = None
+    if precision is not None:
+        first, _ = _export_accepting_fixes(spec, symbols, places, accepted, decompose=False)
+        reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
+        spec = dataclasses.replace(spec, module=reference)
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
@@ -111,13 +120,13 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True) -> Captu
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded)
+                    folded, reference)
 
 
 MAX_FIX_ROUNDS = 4
 
 
-def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
+def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True):
     """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
     divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again.
     Returns the decomposed program and the dynamic_shapes that worked (the ONNX export reuses them)."""
@@ -127,7 +136,7 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
         try:
             with torch.no_grad():
                 ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-                return ep.run_decompositions(decomposition_table()), shapes
+                return (ep.run_decompositions(decomposition_table()) if decompose else ep), shapes
         except Exception as e:  # torch's own message explains the constraint or the unsupported construct
             error = e
             if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:

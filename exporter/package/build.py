@@ -79,7 +79,8 @@ def package(r, model_name: str, embed_onnx: bool = False) -> Package:
     if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
                           "tcexport bug; please report it with the model)")
-    return Package(manifest, members, dict(r.timings), r.onnx[0] if r.onnx else None, tuple(g.captured.notes))
+    return Package(manifest, members, dict(r.timings), r.onnx[0] if r.onnx else None, tuple(g.captured.notes),
+                   reference=g.captured.reference)
 
 
 def _cpu_bundles(cpu, members: dict) -> list[KernelBundle]:

@@ -302,7 +302,7 @@ def require_gpu(targets) -> int:
 
 def tune(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cuda:sm_90",), *, at=(),
          dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
-         cuda_options: CudaOptions | None = None) -> tuple[dict, str]:
+         cuda_options: CudaOptions | None = None, precision: str | None = None) -> tuple[dict, str]:
     """A tuning for ``model`` measured on this machine's GPU at the example inputs, or at each of ``at``
     ("batch=8" strings): (the manifest's ``cuda.tuning``, a report). The graph is captured as the export will
     capture it (``backward`` changes the inference graph: a training package folds no weights), so the launch
@@ -313,7 +313,7 @@ def tune(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cu
     sizes = parse_at(at)
     job = make_job(model, example_inputs, dynamic_shapes, (f"cuda:sm_{arch}",), dynamic=dynamic, cache_dir=cache_dir,
                    source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=False,
-                   cuda_options=cuda_options)
+                   cuda_options=cuda_options, precision=precision)
     return autotune(run_stages(job), sizes)
 
 
