@@ -68,8 +68,8 @@ def decomposition_table():
 
 
 def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    """SDPA as its math parts, keeping the layout the fused CPU op reports: contiguous [N, H, L, E] (torch's
-    own decomposition returns an [L, N, H, E]-ordered layout, after which GPT-2's ``.transpose(1, 2)
+    """SDPA as its math parts, keeping the layout the fused CPU op reports: that of ``query`` (torch's own
+    decomposition returns an [L, N, H, E]-ordered layout, after which GPT-2's ``.transpose(1, 2)
     .reshape(...)`` + ``.view(-1, d)`` no longer traces). In float32/float64 the scale multiplies the scores,
     not q and k as torch's math kernel does: q, k and v stay plain views of their projection, which GEMMs read
     in place, and the scale fuses into the scores GEMM's epilogue. 16-bit inputs are computed in float32 like
@@ -95,7 +95,22 @@ def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_m
         else:
             scores = scores + attn_mask
     attn = torch.softmax(scores, dim=-1)
-    return torch.matmul(attn, value).to(dtype).contiguous(), attn
+    return _laid_out_like(torch.matmul(attn, value).to(dtype), query), attn
+
+
+def _laid_out_like(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``out`` (contiguous) in the memory order of ``query``: the op's meta function returns
+    ``torch.empty_like(query)``, and the graph after it was traced against that layout (torch 2.11 records
+    ``permute`` + ``view`` where that layout makes the view valid, e.g. in nn.MultiheadAttention). The order is
+    the one empty_like computes, from comparisons export already made, so no new guard appears."""
+    from torch._prims_common import compute_elementwise_output_logical_to_physical_perm
+
+    perm = compute_elementwise_output_logical_to_physical_perm(query)
+    perm = list(perm[0] if isinstance(perm, tuple) else perm)  # (perm, ambiguous) from torch 2.12 on
+    if perm == sorted(perm):
+        return out.contiguous()
+    inverse = [perm.index(d) for d in range(len(perm))]
+    return out.permute(perm).contiguous().permute(inverse)
 
 
 def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None) -> Captured:
