@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tcexport.formats.errors import TcError
+from tcexport.loader.arrays import to_numpy
 from tcexport.loader.load import load
 
 from .run_requests import Outcome, RequestRunner
@@ -116,8 +117,10 @@ class TcpkgModel:
             if unknown or missing:
                 raise V2RequestError(f"model {self.manifest.model!r} takes inputs {', '.join(names)}; got "
                                      f"{', '.join(inputs) or 'none'}", input=(unknown or missing)[0])
-            return [inputs[n] for n in names]
-        return list(inputs)
+            values = [inputs[n] for n in names]
+        else:
+            values = list(inputs)
+        return [to_numpy(v, names[k] if k < len(names) else f"#{k}") for k, v in enumerate(values)]
 
 
 def _request_id(body):

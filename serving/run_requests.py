@@ -58,7 +58,7 @@ class RequestRunner:
                 continue
             try:
                 self.plan.check(list(arrays))
-            except TcError as e:
+            except Exception as e:  # noqa: BLE001 - a GuardError, or inputs that are not arrays at all
                 outcomes[i] = Outcome(error=e)
                 continue
             key = merge_key(arrays) if self.axis is not None else ("alone", i)

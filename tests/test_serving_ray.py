@@ -13,7 +13,7 @@ serve = pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
 from packages import MODELS, built  # noqa: E402
-from tcexport.formats.errors import GuardError, StaticDimError, TcError  # noqa: E402
+from tcexport.formats.errors import DtypeError, GuardError, StaticDimError, TcError  # noqa: E402
 from tcexport.loader import load  # noqa: E402
 from tcexport.serving.ray import deployment  # noqa: E402
 
@@ -102,8 +102,10 @@ def test_handle_concurrent_calls_merge_and_raise_typed_errors(served):
     with pytest.raises(StaticDimError) as info:
         bad.result()
     assert isinstance(info.value, GuardError) and "'scale'" in str(info.value)
-    with pytest.raises(TcError):
+    with pytest.raises(TcError, match="takes inputs ids, scale"):
         handle.infer.remote({"ids": reqs[0][0]}).result()
+    with pytest.raises(DtypeError, match="expected a numpy array"):
+        handle.infer.remote([[[1, 2]], reqs[0][1]]).result()
     v2 = handle.infer_v2.remote(_v2(*reqs[1])).result()
     assert v2["model_name"] == "tokens" and v2["id"] == "r"
     # single-row requests that arrived together ran as merged calls on at least one replica

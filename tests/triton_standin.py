@@ -19,7 +19,7 @@ import torch.utils.dlpack
 class TritonError:
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
-    def __init__(self, message: str, code: int = 0):
+    def __init__(self, message: str, code: int = 1):  # INTERNAL, the real default
         self._message, self._code = message, code
 
     def message(self) -> str:
