@@ -70,10 +70,48 @@ def test_config_matches_manifest(repo, key):
     assert sorted(p.name for p in (repo / key).iterdir()) == ["1", "config.pbtxt"]  # no temporary left behind
 
 
+def _triton_model_config_schema():
+    """Triton's own ModelConfig message (``model_config_pb2`` as tritonclient ships it), loaded by path so that
+    tritonclient's grpc client and its dependencies are not needed; skips where tritonclient is not installed."""
+    import importlib.util
+
+    found = importlib.util.find_spec("tritonclient")
+    if found is None or not found.submodule_search_locations:
+        pytest.skip("tritonclient is not installed (pip install --no-deps tritonclient) to check Triton's schema")
+    path = next(iter(found.submodule_search_locations)) + "/grpc/model_config_pb2.py"
+    spec = importlib.util.spec_from_file_location("_triton_model_config_pb2", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_parses_as_tritons_model_config(request):
+    """What Triton itself does with the file: parse it as protobuf text into its ModelConfig message."""
+    from google.protobuf import text_format
+
+    schema = _triton_model_config_schema()
+    batch_only = text_format.Parse(model_config(BATCH_ONLY, "b", device="cuda:1", instances=2), schema.ModelConfig())
+    assert list(batch_only.input[0].dims) == [1] and list(batch_only.input[0].reshape.shape) == []
+    assert batch_only.instance_group[0].kind == schema.ModelInstanceGroup.KIND_GPU
+    repo = request.getfixturevalue("repo")
+    for key, (max_batch, inputs, outputs) in EXPECTED.items():
+        config = text_format.Parse((repo / key / "config.pbtxt").read_text(), schema.ModelConfig())
+        assert config.backend == "python" and config.max_batch_size == max_batch
+        assert [(i.name, schema.DataType.Name(i.data_type), list(i.dims)) for i in config.input] == inputs
+        assert [(o.name, schema.DataType.Name(o.data_type), list(o.dims)) for o in config.output] == outputs
+        assert config.HasField("dynamic_batching") == (max_batch > 0)
+
+
+def _spec(name, shape):
+    return TensorSpec(name, "float32", shape)
+
+
+BATCH_ONLY = SimpleNamespace(model="m", inputs=[_spec("x", ("batch",))], outputs=[_spec("y", ("batch",))],
+                             symbols=[Symbol("batch", 1, 500)])
+
+
 def test_config_options_and_batch_only_tensors():
-    spec = lambda name, shape: TensorSpec(name, "float32", shape)
-    manifest = SimpleNamespace(model="m", inputs=[spec("x", ("batch",))], outputs=[spec("y", ("batch",))],
-                               symbols=[Symbol("batch", 1, 500)])
+    manifest, spec = BATCH_ONLY, _spec
     config = parse(model_config(manifest, "m", max_batch=16, device="cuda:1", instances=2))
     assert config["max_batch_size"] == 16
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]
