@@ -45,9 +45,11 @@ class TritonRepoError(TcError):
     exit_code = 2
 
 
-def model_config(manifest, name: str, *, max_batch: int | None = None, device: str = "cpu",
-                 instances: int = 1, source: str = "", digest: str | None = None) -> str:
-    """The ``config.pbtxt`` text for a package's manifest (its signature, symbols and batch axis)."""
+def model_config(manifest, name: str, *, max_batch: int | None = None, max_delay_ms: float | None = None,
+                 device: str = "cpu", instances: int = 1, source: str = "", digest: str | None = None) -> str:
+    """The ``config.pbtxt`` text for a package's manifest (its signature, symbols and batch axis).
+    ``max_delay_ms``: how long Triton's dynamic batcher may hold a request to gather a batch (its default if None).
+    """
     axis = batch_axis(manifest)
     if axis is None and max_batch is not None:
         raise TritonRepoError(f"--max-batch {max_batch}: package {manifest.model!r} has no batch axis (no symbol "
@@ -65,7 +67,8 @@ def model_config(manifest, name: str, *, max_batch: int | None = None, device: s
     skip = 0 if axis is None else 1
     lines += _tensors("input", manifest.inputs, skip) + _tensors("output", manifest.outputs, skip)
     if axis is not None:
-        lines.append("dynamic_batching { }")
+        delay = "" if max_delay_ms is None else f"max_queue_delay_microseconds: {round(max_delay_ms * 1000)} "
+        lines.append(f"dynamic_batching {{ {delay}}}")
     lines += _instance_group(device, instances)
     return "\n".join(lines) + "\n"
 
@@ -98,11 +101,14 @@ def _quote(text: str) -> str:
 
 
 def write_repository(package, out_dir, *, name: str | None = None, version: int = 1, max_batch: int | None = None,
-                     device: str = "cpu", instances: int = 1, trusted_keys=None) -> Path:
+                     max_delay_ms: float | None = None, device: str = "cpu", instances: int = 1,
+                     trusted_keys=None) -> Path:
     """Write (or add a version to) ``out_dir/<name>``; return that model directory. See the module docstring."""
     package, out_dir = Path(package), Path(out_dir)
     name = package.stem if name is None else name
     _check_options(name, version, max_batch, device, instances)
+    if max_delay_ms is not None and not 0 <= max_delay_ms <= 3_600_000:
+        raise TritonRepoError(f"--max-delay-ms {max_delay_ms!r}: expected a number of milliseconds >= 0")
     if not package.is_file():
         raise TritonRepoError(f"package {str(package)!r} is not a file; pass the path of a .tcpkg")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,8 +124,8 @@ def write_repository(package, out_dir, *, name: str | None = None, version: int 
         shutil.copyfile(package, stage / "model.tcpkg")
         manifest, digest = _verify(stage / "model.tcpkg", device, trusted_keys)
         (stage / "model.py").write_text(MODEL_PY)
-        config = model_config(manifest, name, max_batch=max_batch, device=device, instances=instances,
-                              source=package.name, digest=digest)
+        config = model_config(manifest, name, max_batch=max_batch, max_delay_ms=max_delay_ms, device=device,
+                              instances=instances, source=package.name, digest=digest)
         (tmp / "config.pbtxt").write_text(config)
         if parent == out_dir:
             os.rename(tmp, model_dir)
@@ -167,6 +173,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="the model's name in the repository (default: the package's file stem)")
     p.add_argument("--version", type=int, default=1, help="the version directory to write (default 1)")
     p.add_argument("--max-batch", type=int, help="cap max_batch_size below the batch symbol's upper bound")
+    p.add_argument("--max-delay-ms", type=float,
+                   help="how long Triton's dynamic batcher may hold a request to gather a batch (default: Triton's)")
     p.add_argument("--device", default="cpu", help="cpu (KIND_CPU), cuda or cuda:N (KIND_GPU); default cpu")
     p.add_argument("--instances", type=int, default=1, help="model instances (Triton runs each in a process)")
     p.add_argument("--trusted-key", action="append", default=None,
@@ -182,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     try:
         model_dir = write_repository(args.package, args.out_dir, name=args.name, version=args.version,
-                                     max_batch=args.max_batch, device=args.device, instances=args.instances,
+                                     max_batch=args.max_batch, max_delay_ms=args.max_delay_ms,
+                                     device=args.device, instances=args.instances,
                                      trusted_keys=args.trusted_key)
     except TcError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -90,7 +90,9 @@ def test_config_parses_as_tritons_model_config(request):
     from google.protobuf import text_format
 
     schema = _triton_model_config_schema()
-    batch_only = text_format.Parse(model_config(BATCH_ONLY, "b", device="cuda:1", instances=2), schema.ModelConfig())
+    batch_only = text_format.Parse(model_config(BATCH_ONLY, "b", max_delay_ms=0.5, device="cuda:1", instances=2),
+                                   schema.ModelConfig())
+    assert batch_only.dynamic_batching.max_queue_delay_microseconds == 500
     assert list(batch_only.input[0].dims) == [1] and list(batch_only.input[0].reshape.shape) == []
     assert batch_only.instance_group[0].kind == schema.ModelInstanceGroup.KIND_GPU
     repo = request.getfixturevalue("repo")
@@ -128,9 +130,10 @@ def test_config_options_and_batch_only_tensors():
 def test_versions_names_and_refusals(tmp_path):
     mlp = package("mlp")
     root = tmp_path / "repo"
-    write_repository(mlp, root, name="mlp", max_batch=8, instances=2)
+    write_repository(mlp, root, name="mlp", max_batch=8, instances=2, max_delay_ms=2.5)
     config = parse((root / "mlp" / "config.pbtxt").read_text())
     assert config["max_batch_size"] == 8 and config["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
+    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": 2500}
     with pytest.raises(TritonRepoError, match="already exists"):
         write_repository(mlp, root, name="mlp")
     write_repository(package("two_inputs"), root, name="mlp", version=2)  # a new version replaces the config
@@ -138,6 +141,7 @@ def test_versions_names_and_refusals(tmp_path):
     assert [i["name"] for i in parse((root / "mlp" / "config.pbtxt").read_text())["input"]] == ["a", "b"]
     for kwargs, match in [({"name": "../x"}, "model name"), ({"version": 0}, "version"),
                           ({"device": "tpu"}, "device"), ({"instances": 0}, "instances"),
+                          ({"max_delay_ms": -1}, "max-delay-ms"),
                           ({"device": "cuda"}, "no CUDA kernels")]:
         with pytest.raises(TritonRepoError, match=match):
             write_repository(mlp, root, name=kwargs.pop("name", "other"), **kwargs)
