@@ -116,22 +116,25 @@ def write_repository(package, out_dir, *, name: str | None = None, version: int 
     if (model_dir / str(version)).exists():
         raise TritonRepoError(f"{model_dir / str(version)} already exists; pass another --version (Triton serves "
                               f"the highest by default) or remove that directory first")
-    parent = model_dir if model_dir.is_dir() else out_dir
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent))
+    adding = model_dir.is_dir()
+    # the hidden temporary directory is private (0700); what is renamed out of it is made inside it, so it gets
+    # the usual permissions (the umask's) and a server running as another user can read it
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=model_dir if adding else out_dir))
     try:
-        stage = tmp / str(version)
-        stage.mkdir()
+        staged = tmp / name
+        stage = staged / str(version)
+        stage.mkdir(parents=True)
         shutil.copyfile(package, stage / "model.tcpkg")
         manifest, digest = _verify(stage / "model.tcpkg", device, trusted_keys)
         (stage / "model.py").write_text(MODEL_PY)
         config = model_config(manifest, name, max_batch=max_batch, max_delay_ms=max_delay_ms, device=device,
                               instances=instances, source=package.name, digest=digest)
-        (tmp / "config.pbtxt").write_text(config)
-        if parent == out_dir:
-            os.rename(tmp, model_dir)
-        else:
+        (staged / "config.pbtxt").write_text(config)
+        if adding:
             os.rename(stage, model_dir / str(version))
-            os.replace(tmp / "config.pbtxt", model_dir / "config.pbtxt")
+            os.replace(staged / "config.pbtxt", model_dir / "config.pbtxt")
+        else:
+            os.rename(staged, model_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model_dir

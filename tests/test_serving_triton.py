@@ -68,6 +68,7 @@ def test_config_matches_manifest(repo, key):
     model_py = (repo / key / "1" / "model.py").read_text()
     assert "from tcexport.serving.triton_backend import TritonPythonModel" in model_py
     assert sorted(p.name for p in (repo / key).iterdir()) == ["1", "config.pbtxt"]  # no temporary left behind
+    assert (repo / key).stat().st_mode & 0o055 == (repo / key / "1").stat().st_mode & 0o055  # not the temp's 0700
 
 
 def _triton_model_config_schema():
