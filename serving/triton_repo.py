@@ -170,7 +170,8 @@ def _verify(path: Path, device: str, trusted_keys):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tcpkg triton-repo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tcpkg triton-repo", description="Write a Triton Inference Server model repository (Python backend) that "
+                                "serves a .tcpkg package with tcexport.loader.")
     p.add_argument("package", type=Path, help="the .tcpkg file")
     p.add_argument("out_dir", type=Path, help="the model repository (created if missing)")
     p.add_argument("--name", help="the model's name in the repository (default: the package's file stem)")

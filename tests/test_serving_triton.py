@@ -3,6 +3,7 @@ pbtxt parser and checked against each package's signature; the backend's ``execu
 of ``triton_python_backend_utils`` (tests/triton_standin.py) on real packages, its results equal to direct
 ``load()`` calls, bad requests answered alone."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -74,8 +75,6 @@ def test_config_matches_manifest(repo, key):
 def _triton_model_config_schema():
     """Triton's own ModelConfig message (``model_config_pb2`` as tritonclient ships it), loaded by path so that
     tritonclient's grpc client and its dependencies are not needed; skips where tritonclient is not installed."""
-    import importlib.util
-
     found = importlib.util.find_spec("tritonclient")
     if found is None or not found.submodule_search_locations:
         pytest.skip("tritonclient is not installed (pip install --no-deps tritonclient) to check Triton's schema")
@@ -172,8 +171,13 @@ def test_python_dash_m(tmp_path):
 # --- the backend, through the stand-in ---------------------------------------------------------------------------
 
 def _instance(repo, key) -> TritonPythonModel:
-    """A model instance initialised the way Triton does it: args of strings, the config as JSON."""
-    model = TritonPythonModel(pb_utils=pb)
+    """A model instance made the way Triton makes it: the class taken from the version's generated model.py,
+    initialised with args of strings and the config as JSON."""
+    spec = importlib.util.spec_from_file_location(f"_triton_model_{key}", repo / key / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.TritonPythonModel is TritonPythonModel
+    model = module.TritonPythonModel(pb_utils=pb)
     config = parse((repo / key / "config.pbtxt").read_text())
     model.initialize({"model_config": json.dumps(config), "model_instance_kind": "CPU",
                       "model_instance_device_id": "0", "model_repository": str(repo / key),
