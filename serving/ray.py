@@ -132,6 +132,8 @@ def deployment(pkg_path, *, name: str | None = None, num_replicas: int = 1, max_
                num_threads: int | None = None, max_ongoing_requests: int | None = None):
     """A bound Ray Serve application serving ``pkg_path``: pass it to ``serve.run``.
 
+    ``pkg_path`` is opened by each replica, so on a cluster of several nodes it must be a path every node can
+    read (shared storage); each replica verifies the package as ``load`` always does.
     ``name``: the deployment's (and the v2 responses') model name, default the file stem. ``num_replicas``
     replicas, each reserving ``num_cpus`` CPUs (and one GPU for ``device`` "cuda"); ``max_batch_size`` requests at
     most per ``@serve.batch`` call, gathered for up to ``batch_wait_timeout_s`` (rows are further capped by the
