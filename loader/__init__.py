@@ -10,8 +10,9 @@ This package imports neither torch, triton, sympy, the exporter nor the packager
 from tcexport.formats.manifest import TensorSpec
 
 from .archive import Archive, open_archive
+from .batcher import Batcher
 from .guards import GuardPlan, bind_and_check
 from .load import load
 from .model import Model
 
-__all__ = ["Archive", "GuardPlan", "Model", "TensorSpec", "bind_and_check", "load", "open_archive"]
+__all__ = ["Archive", "Batcher", "GuardPlan", "Model", "TensorSpec", "bind_and_check", "load", "open_archive"]

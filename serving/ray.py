@@ -14,7 +14,7 @@
     # GET http://127.0.0.1:8000/v2/models/mlp is the model's metadata.
 
 Each replica loads the package once; requests reaching it within ``batch_wait_timeout_s`` (up to
-``max_batch_size`` requests) are handed together to ``run_requests.RequestRunner``: each checked alone, the good
+``max_batch_size`` requests) are handed together to ``loader.request_runner.RequestRunner``: each checked alone, the good
 ones concatenated along the package's batch symbol (never past its range), run as one call in a worker thread (the
 loader releases the GIL, the replica's event loop stays free), and split back. A request that breaks a guard, or
 whose data cannot be decoded, fails alone: over HTTP a 400 with the typed error's message and fields as JSON,
@@ -37,7 +37,7 @@ from tcexport.formats.errors import TcError
 from tcexport.loader.arrays import to_numpy
 from tcexport.loader.load import load
 
-from .run_requests import Outcome, RequestRunner
+from tcexport.loader.request_runner import Outcome, RequestRunner
 from .v2_json import V2RequestError, decode_inputs, encode_outputs, error_body, metadata
 
 

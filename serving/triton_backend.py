@@ -2,7 +2,7 @@
 
 Triton runs ``TritonPythonModel`` in a stub process per model instance: ``initialize(args)`` loads the version
 directory's ``model.tcpkg`` with ``tcexport.loader.load`` (on the instance's GPU for KIND_GPU), ``execute(requests)``
-serves what Triton's dynamic batcher gathered (``run_requests.RequestRunner``: each request checked alone, good
+serves what Triton's dynamic batcher gathered (``loader.request_runner.RequestRunner``: each request checked alone, good
 ones merged along the batch symbol, run once, split back; a request that breaks a guard gets an error response
 with the typed error's message and its batch-mates are unaffected), ``finalize()`` drops the model.
 ``triton_python_backend_utils`` exists only inside Triton: it is imported when Triton constructs the model, or
@@ -21,7 +21,7 @@ from tcexport.loader.load import load
 from tcexport.loader.model import default_num_threads
 
 from .dlpack_bf16 import Bf16DLPack, bf16_from_capsule
-from .run_requests import RequestRunner
+from tcexport.loader.request_runner import RequestRunner
 
 
 class RequestError(TcError):

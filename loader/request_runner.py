@@ -1,4 +1,4 @@
-"""Run a list of requests that a serving engine hands over at once, as few merged calls as is safe.
+"""Run a list of requests handed over at once (by a serving engine, or by loader/batcher.py's queue), as few merged calls as is safe.
 
 Triton's dynamic batcher calls a Python model's ``execute(requests)`` with the requests it gathered, and Ray
 Serve's ``@serve.batch`` calls a method with a list; neither knows a package's guards. This module turns such a
@@ -12,6 +12,7 @@ the request that causes it. Synchronous and pure: the caller decides which threa
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -34,10 +35,11 @@ class RequestRunner:
     """A loaded model with what merging needs (its guard plan and batch axis), computed once per model.
 
     ``max_batch`` caps the rows of one merged call below the batch symbol's own upper bound (None: the symbol's
-    bound only). ``batches`` counts the calls actually made, by row count, for callers that report it.
+    bound only). ``batches`` counts the calls actually made, by row count, for callers that report it;
+    ``on_call(rows, seconds)`` is told of each call as it returns.
     """
 
-    def __init__(self, model, max_batch: int | None = None):
+    def __init__(self, model, max_batch: int | None = None, on_call=None):
         if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int)
                                       or max_batch < 1):
             raise TcError(f"max_batch should be None or an integer >= 1, got {max_batch!r}")
@@ -46,6 +48,7 @@ class RequestRunner:
         self.axis: BatchAxis | None = batch_axis(model.manifest)
         self.limit = self.axis.limit(max_batch) if self.axis is not None else 1
         self.batches: dict[int, int] = {}
+        self.on_call = on_call
         self._count = threading.Lock()
 
     def run(self, requests: Sequence[Sequence[np.ndarray] | Exception]) -> list[Outcome]:
@@ -101,9 +104,12 @@ class RequestRunner:
                 outcomes[i] = Outcome(error=e)
 
     def _call(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        started = time.perf_counter()
         out = self.model(*arrays)
         outputs = list(out) if isinstance(out, tuple) else [out]
         n = rows(arrays) if self.axis is not None else 1
         with self._count:
             self.batches[n] = self.batches.get(n, 0) + 1
+        if self.on_call is not None:
+            self.on_call(n, time.perf_counter() - started)
         return outputs
