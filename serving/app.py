@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 
 from starlette.applications import Starlette
@@ -27,6 +28,7 @@ from .v2_binary import HEADER, decode_inputs, encode_response, split_body, wants
 from .v2_json import V2RequestError, error_body, metadata
 
 log = logging.getLogger("tcexport.serving")
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])(/[^\s:'\"]*/)([^/\s:'\"]+)")
 SERVER_NAME = "tcexport"
 
 
@@ -151,8 +153,12 @@ def _status(e: Exception) -> int:
 
 
 def _public_error(e: Exception, status: int) -> dict:
-    """The error body; a server-side failure says what failed but not the server's paths or internals."""
+    """The error body; a server-side failure says what failed but not the server's paths or internals, and
+    any absolute path in a message (the package's, or the model file's on the build machine) keeps only its
+    file name."""
     if status < 500:
-        return error_body(e)
+        body = error_body(e)
+        body["error"] = _ABSOLUTE_PATH.sub(lambda m: m.group(2), body["error"])
+        return body
     return {"error": f"the server could not run this request ({type(e).__name__}); its log has the details",
             "error_type": type(e).__name__}

@@ -55,7 +55,8 @@ def _version() -> str:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, telling the app it drains as soon as the signal arrives (readiness 503)."""
+    """uvicorn's server, telling the app it drains as soon as the signal arrives (readiness 503), and exiting 0
+    once drained."""
 
     def __init__(self, config, state):
         super().__init__(config)
@@ -64,6 +65,9 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig, frame):
         self._state["draining"] = True
         super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal once it has shut down (the process then dies of SIGTERM); a drained
+        # server has done what SIGTERM asks, so it exits 0 instead
+        getattr(self, "_captured_signals", []).clear()
 
 
 def serve(config: ServeConfig) -> int:
