@@ -379,8 +379,8 @@ class Tcpkg:
         xs = tuple(x.to(ctx.dtype) if x.is_floating_point() else x for x in bm.inputs(2))
         pkg = export(m.to(ctx.dtype), xs, dynamic_shapes=bm.dynamic_shapes, targets=(target,),
                      cache_dir=ctx.workdir / f"cache-{bm.name}-{os.getpid()}-{time.time_ns()}",
-                     autotune=bool(ctx.autotune_at), autotune_at=ctx.autotune_at, dump=dump if ctx.autotune_at else None,
-                     precision=ctx.precision)
+                     autotune=bool(ctx.autotune_at), autotune_at=ctx.autotune_at,
+                     dump=dump if ctx.autotune_at else None, precision=ctx.precision)
         pkg.save(path)
         # the tuning's summary line (the whole report is in the dump's autotune.txt)
         note = (dump / "autotune.txt").read_text().splitlines()[-1] if ctx.autotune_at else ""
