@@ -252,6 +252,7 @@ class OnnxRuntime:
     """ONNX Runtime on the file `tcexport --onnx` writes for the same model."""
 
     name = "onnxruntime"
+    float32_only = True
 
     def build(self, bm, ctx) -> Built:
         from tcexport.exporter.front.dynamic import SymbolSpec, to_torch_dynamic_shapes
@@ -307,6 +308,7 @@ class OpenVino:
     other backend's are (pinned, its mobilenetv3-small call took 3x longer on a shared 2-core machine)."""
 
     name = "openvino"
+    float32_only = True
 
     def build(self, bm, ctx) -> Built:
         _require_float32(self.name, ctx)
@@ -422,6 +424,13 @@ def package_name(bm: BenchModel, ctx: Context) -> str:
 def _sync(ctx: Context) -> None:
     if ctx.device == "cuda":
         torch.cuda.synchronize()
+
+
+def not_measured(backend, ctx: Context) -> str | None:
+    """Why ``backend`` has no row in this run by design (shown as n/a, not as a failure), or None."""
+    if getattr(backend, "float32_only", False) and (ctx.dtype != torch.float32 or ctx.precision is not None):
+        return f"n/a: {backend.name} runs float32 models only (this run is {precision_label(ctx)})"
+    return None
 
 
 def _require_float32(name: str, ctx: Context) -> None:

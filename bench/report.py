@@ -39,6 +39,9 @@ def model_sections(result: dict, level: str = "##") -> list[str]:
         head += [f"batch {b}" for b in batches] + ["max abs diff vs fp64", f"activation peak KB (batch {max(batches)})"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, row in model["backends"].items():
+            if row.get("skipped"):
+                lines.append(f"| {name} | {row['skipped']} |" + " |" * (len(head) - 2))
+                continue
             if "error" in row and not row.get("latency"):
                 lines.append(f"| {name} | error: {row['error']} |" + " |" * (len(head) - 2))
                 continue

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import concurrency, report, zoo
-from .backends import AMP_DTYPES, Context, as_numpy, backends_for, precision_label, to_device
+from .backends import AMP_DTYPES, Context, as_numpy, backends_for, not_measured, precision_label, to_device
 from .floors import machine_peaks
 from .models import get
 
@@ -334,6 +334,9 @@ def _bench_model(opts: Options, result: dict, tmp: Path, name: str, dtype, batch
     rows = {}
     for backend in backends_for(device, zoo=bool(cfg.get("zoo"))):
         if opts.only and backend.name not in opts.only:
+            continue
+        if not_measured(backend, ctx):
+            rows[backend.name] = {"latency": {}, "skipped": not_measured(backend, ctx)}
             continue
         print(f"[{key}] {backend.name}", file=sys.stderr, flush=True)
         minutes = opts.max_autotune_minutes if "max-autotune" in backend.name else opts.max_minutes

@@ -49,6 +49,8 @@ def failure(row: dict | None) -> str | None:
     """A short label for a row without figures: '✗ build', '✗ timeout', '—' when not run."""
     if row is None:
         return "not run"
+    if row.get("skipped"):
+        return "n/a"
     if row.get("latency"):
         return None
     err = row.get("error", "")
@@ -164,12 +166,15 @@ def _concurrency_table(result: dict) -> list[str]:
 
 
 def _failures(result: dict) -> list[str]:
-    lines = []
+    lines, skipped = [], set()
     for key, model in result["models"].items():
         for name, row in model["backends"].items():
             if row.get("error"):
                 lines.append(f"- {key} · {name}: {row['error']}")
-    return (["## Failures", ""] + lines + [""]) if lines else []
+            if row.get("skipped"):
+                skipped.add(row["skipped"].split(" (this run")[0])
+    out = (["## Failures", ""] + lines + [""]) if lines else []
+    return out + ([f"Not measured by design: {'; '.join(sorted(skipped))}.", ""] if skipped else [])
 
 
 def markdown(result: dict) -> str:
@@ -183,6 +188,10 @@ def markdown(result: dict) -> str:
                   + (" On the CPU, torch.autocast(\"cpu\")'s policy differs from CUDA's (e.g. layer norm and softmax"
                      " stay in 16 bits there), so the torch rows and the package compute differently: the CPU AMP run"
                      " tests the harness, the GPU run is the measurement." if result["device"] == "cpu" else ""), ""]
+    if result.get("merged_from"):
+        lines += [f"Merged (bench/merge.py) from {len(result['merged_from'])} runs of this suite: "
+                  + ", ".join(result["merged_from"]) + "; each model's backends come from one run, its floors from "
+                  "that run's peaks (the peaks below are the first run's).", ""]
     if peaks:
         lines += [f"Peaks measured in this run: GEMM {peaks['gemm_flops_per_s'] / 1e9:.4g} GFLOP/s ({peaks['gemm']}), "
                   f"bandwidth {peaks['copy_bytes_per_s'] / 1e9:.4g} GB/s ({peaks['copy']}), {peaks['threads']} "

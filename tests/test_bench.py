@@ -154,7 +154,8 @@ def _zoo_result(gpt2_tcpkg_timed_out: bool) -> dict:
     for name, family, scale in (("resnet18", "CNN", 1.0), ("gpt2", "decoder LM", 2.0)):
         rows = {"torch.compile": row({1: 10 * scale, 8: 40 * scale}),
                 "onnxruntime": row({1: 8 * scale, 8: 40 * scale}),
-                "tcpkg": row({1: 5 * scale, 8: 80 * scale})}
+                "tcpkg": row({1: 5 * scale, 8: 80 * scale}),
+                "openvino": {"latency": {}, "skipped": "n/a: openvino runs float32 models only (this run is x)"}}
         if name == "gpt2" and gpt2_tcpkg_timed_out:
             rows["tcpkg"] = {"latency": {}, "timed_out": True, "error": "timeout: still running after 0.1 min"}
         models[f"{name}/float32"] = {"batches": [1, 8], "family": family, "backends": rows,
@@ -168,7 +169,8 @@ def _zoo_result(gpt2_tcpkg_timed_out: bool) -> dict:
 @pytest.mark.slow
 def test_zoo_report_geomeans_and_labels_failed_backends(tmp_path):
     """The summary's ratios and geomean rows come from the latencies; a backend that timed out on a model keeps its
-    column (✗ timeout), is left out of its geomean (k/N), is listed under Failures and marked in the plot."""
+    column (✗ timeout), is left out of its geomean (k/N), is listed under Failures and marked in the plot; one not
+    measured by design (OpenVINO under AMP) reads n/a."""
     pytest.importorskip("matplotlib")
     from bench import report, run, suite_report
 
@@ -183,13 +185,14 @@ def test_zoo_report_geomeans_and_labels_failed_backends(tmp_path):
         compile_table = md.split("## Latency ÷ torch.compile")[1].split("##")[0]
         # torch.compile 1 everywhere; onnxruntime 0.8 at batch 1, 1 at batch 8; tcpkg 0.5 and 2
         if timed_out:
-            assert "| gpt2/float32 | 8 | 1.00 | 1.00 | ✗ timeout |" in compile_table
-            assert "| **geomean** | | **1.00** | **0.89** | **1.00** (2/4) |" in compile_table
+            assert "| gpt2/float32 | 8 | 1.00 | 1.00 | ✗ timeout | n/a |" in compile_table
+            assert "| **geomean** | | **1.00** | **0.89** | **1.00** (2/4) | — |" in compile_table
             assert "- gpt2/float32 · tcpkg: timeout" in md
         else:
-            assert "| gpt2/float32 | 8 | 1.00 | 1.00 | 2.00 |" in compile_table
-            assert "| **geomean** | | **1.00** | **0.89** | **1.00** |" in compile_table
+            assert "| gpt2/float32 | 8 | 1.00 | 1.00 | 2.00 | n/a |" in compile_table
+            assert "| **geomean** | | **1.00** | **0.89** | **1.00** | — |" in compile_table
             assert "## Failures" not in md
+        assert "Not measured by design: n/a: openvino runs float32 models only." in md
         report.write_all(result, tmp_path, f"r{int(timed_out)}")
         for suffix in (".md", "-family-cnn.png", "-family-decoder-lm.png"):
             assert (tmp_path / f"r{int(timed_out)}{suffix}").stat().st_size > 0
@@ -215,3 +218,19 @@ def test_isolated_backend_past_its_deadline_is_killed_with_what_it_started(tmp_p
     died = run_isolated(os._exit, (3,), 60.0)
     assert died["error"] == "process: died with exit code 3 before answering"
     assert run_isolated(len, ("abc",), 60.0) == 3
+
+
+def test_merge_joins_slices_of_one_suite_and_refuses_others():
+    """Slices of a zoo run (a few models per command) merge into one result; a slice from another machine or
+    precision is refused with the field at fault."""
+    from bench.merge import MergeError, merge
+
+    a, b = _zoo_result(False), _zoo_result(True)
+    del a["models"]["gpt2/float32"]
+    merged = merge([a, b], ["a.json", "b.json"])
+    assert list(merged["models"]) == ["resnet18/float32", "gpt2/float32"]
+    assert merged["models"]["gpt2/float32"]["backends"]["tcpkg"]["timed_out"]  # the later slice wins
+    assert merged["merged_from"] == ["a.json", "b.json"] and set(merged["peaks_by_run"]) == {"a.json", "b.json"}
+    b["precision"] = "bf16"
+    with pytest.raises(MergeError, match="b.json: precision is 'bf16', but a.json has None"):
+        merge([a, b], ["a.json", "b.json"])
