@@ -260,6 +260,8 @@ class OnnxRuntime:
         from tcexport.exporter.check.onnx import export_onnx_bytes, write_onnx
 
         _require_float32(self.name, ctx)
+        if ctx.device == "cuda":  # before the export, which takes minutes for a large model
+            self._check_cuda_provider()
         m = bm.build()
         xs = bm.inputs(2)
         names = forward_input_names(m, len(xs))
@@ -271,6 +273,13 @@ class OnnxRuntime:
         path = write_onnx(data, ctx.workdir / f"{bm.name}.onnx")
         return Built(time.perf_counter() - t0, path.stat().st_size, path, extra={"names": names})
 
+    @staticmethod
+    def _check_cuda_provider() -> None:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu)")
+
     def _session(self, path, ctx):
         import onnxruntime as ort
 
@@ -278,8 +287,8 @@ class OnnxRuntime:
         opts.intra_op_num_threads = ctx.threads
         opts.inter_op_num_threads = 1
         providers = ["CUDAExecutionProvider"] if ctx.device == "cuda" else ["CPUExecutionProvider"]
-        if ctx.device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError("onnxruntime here has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        if ctx.device == "cuda":
+            self._check_cuda_provider()
         return ort.InferenceSession(str(path), opts, providers=providers)
 
     def load(self, built, bm, ctx):
