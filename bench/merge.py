@@ -1,11 +1,13 @@
-"""Merge zoo-suite results run in slices (a few models per command) into one table, geomean and set of plots.
+"""Merge zoo-suite results run in slices into one table, geomean and set of plots.
 
     python -m bench.merge bench/results/h200-gpu-zoo.json slice1.json slice2.json ...
 
-Every backend of a model is still measured side by side in one run; only models come from different runs, which
-must share the suite, machine, device, thread count and precision (checked). A model present in several slices is
-taken from the last one given. The peaks of each slice are kept (``peaks_by_run``); each model's floors were
-computed with its own run's peaks.
+For a machine that limits how long one command may run: slice by models (``--models``) and, where one model's
+backends do not fit in one command, by backends (``--only``). The slices must share the suite, machine, device,
+thread count and precision (checked). A model in several slices gets the union of their backend rows (a backend
+in several: the last slice given wins), and its ratios are computed again over the merged rows, so a backend and
+its base may come from two commands minutes apart on the same machine: slice by models where you can. Each
+slice's peaks are kept (``peaks_by_run``); a model's floors are its last slice's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 
 from . import report
+from .run import add_ratios
 
 SAME = ("suite", "machine", "device", "threads", "precision", "zoo")
 
@@ -33,9 +36,20 @@ def merge(results: list[dict], names: list[str]) -> dict:
             if result.get(key) != first.get(key):
                 raise MergeError(f"{name}: {key} is {result.get(key)!r}, but {names[0]} has {first.get(key)!r}; "
                                  "merge only slices of one suite run on one machine with the same options")
-        merged["models"].update(result["models"])
+        for key, model in result["models"].items():
+            have = merged["models"].get(key)
+            if have is None:
+                merged["models"][key] = {**model, "backends": dict(model["backends"])}
+                continue
+            if [str(b) for b in have["batches"]] != [str(b) for b in model["batches"]]:
+                raise MergeError(f"{name}: {key} ran at batches {model['batches']}, an earlier slice at "
+                                 f"{have['batches']}; run every slice with the same --batches")
+            have["backends"].update(model["backends"])
+            have["floors"] = model.get("floors", have.get("floors"))
         merged["peaks_by_run"][name] = result.get("peaks")
         merged["date"] = max(merged["date"], result["date"])
+    for model in merged["models"].values():
+        add_ratios(model["backends"], merged["device"], model.get("floors"))
     return merged
 
 
