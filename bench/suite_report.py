@@ -263,9 +263,10 @@ def _concurrency_plot(result: dict, path: Path) -> bool:
                 continue
             pts = sorted((int(c), v["calls_per_s"]) for c, v in conc.items() if str(c).isdigit())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.set_xlabel("calling threads")
+            ax.set_xticks([p[0] for p in pts])
+        ax.set_xlabel(f"calling threads (each with {result['threads']} intra-op threads)")
         ax.set_ylabel("calls / s (all threads)")
-        ax.set_title(key, fontsize=9)
+        ax.set_title(f"{key}, batch {next(c for k, _, c in rows if k == key).get('batch', '')}", fontsize=9)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.tight_layout()
