@@ -1,0 +1,32 @@
+"""The last check before a package is written: the loader itself opens the finished bytes and calls the model at
+its example inputs on this machine's CPU (packager/archive.py runs it before the atomic rename), so tcexport never
+writes a package its own loader refuses. Only where it can: a package without CPU kernels for this machine gets
+the loader's manifest and integrity checks alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from tcexport.formats.errors import TargetError
+
+
+def example_call(example_inputs) -> Callable[[Path], None]:
+    """``check(temp_path)``: load the package at ``temp_path`` on the CPU and call it with ``example_inputs``
+    (torch tensors, passed as the loader's arrays); the loader's typed error propagates."""
+    def check(path: Path) -> None:
+        from tcexport.loader.archive import open_archive
+        from tcexport.loader.arrays import to_numpy
+        from tcexport.loader.load import load_cpu
+
+        archive = open_archive(path)   # signatures are not checked here: the package may not be signed yet
+        if not any(k.target == "cpu" for k in archive.manifest.kernels):
+            return
+        try:
+            model = load_cpu(archive, num_threads=1)
+        except TargetError:             # no CPU bundle for this machine's ISA: nothing to call here
+            return
+        arrays = [to_numpy(t.detach().cpu(), s.name) for t, s in zip(example_inputs, archive.manifest.inputs)]
+        model(*arrays)
+
+    return check
