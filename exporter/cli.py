@@ -92,9 +92,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     reporter.command = "export"
     # torch's own deprecation chatter (pytree LeafSpec) says nothing to a user of this tool
     warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec.*")
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
-        metadata = parse_meta(args.meta)
+        args = parser.parse_args(argv)
+        try:
+            metadata = parse_meta(args.meta)
+        except UsageError as e:   # found after parsing: still show the usage
+            e.usage = parser.format_usage()
+            raise
         require_export_extra()
         with stdout_to_stderr(reporter):
             return export(args, metadata, reporter)

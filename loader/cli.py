@@ -97,7 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"{TOOL}: a command is required: one of {', '.join(BUILTIN + tuple(commands))}",
                              usage=parser.format_usage())
         reporter.command = args.command
-        return RUN[args.command](args, reporter)
+        try:
+            return RUN[args.command](args, reporter)
+        except UsageError as e:   # found after parsing (--input NAME=FILE, verify without keys): the usage too
+            e.usage = e.usage or parser.format_usage()
+            raise
     except TcError as err:
         body = {"verified": False} if reporter.command in ("inspect", "verify") else None
         return reporter.failure(err, body=body)

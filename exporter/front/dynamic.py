@@ -215,7 +215,7 @@ def _check_known(text: str, name: str, from_file: dict[str, SymbolSpec]) -> None
     if hint:
         raise DynamicSpecError(f"--dynamic {text!r}: the model file's dynamic_shapes has no symbol {name!r}{hint}; "
                                f"its symbols are {sorted(from_file)}. Fix the spelling, or give a new symbol its "
-                               f"places with @INPUT.DIM")
+                               f"places with @INPUT.DIM", symbol=name, expected=sorted(from_file), got=name)
 
 
 def _check_none_dropped(from_file: dict[str, SymbolSpec], places: Placement, cli_specs: list[str]) -> None:
@@ -229,7 +229,7 @@ def _check_none_dropped(from_file: dict[str, SymbolSpec], places: Placement, cli
         raise DynamicSpecError(
             f"--dynamic {' '.join(repr(t) for t in cli_specs)} takes every place of the model file's symbol "
             f"{name!r} (range {rng}), which would drop that range. Use --dynamic {name}=MIN:MAX to change its "
-            f"range, or place the new symbol elsewhere with @INPUT.DIM")
+            f"range, or place the new symbol elsewhere with @INPUT.DIM", symbol=name, expected=[sym.min, sym.max])
 
 
 def _check_examples(input_names, examples, symbols, places) -> None:

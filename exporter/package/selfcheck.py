@@ -1,7 +1,7 @@
-"""The last check before a package is written: the loader itself opens the finished bytes and calls the model at
-its example inputs on this machine's CPU (packager/archive.py runs it before the atomic rename), so tcexport never
-writes a package its own loader refuses. Only where it can: a package without CPU kernels for this machine gets
-the loader's manifest and integrity checks alone."""
+"""The last check before a package is written: the loader itself opens the finished bytes, reads its weights
+against the manifest, compiles its guards, and calls the model at its example inputs on this machine's CPU
+(packager/archive.py runs it before the atomic rename), so tcexport never writes a package its own loader refuses.
+The call only where it can: a package without CPU kernels for this machine gets the other checks alone."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ def example_call(example_inputs) -> Callable[[Path], None]:
     def check(path: Path) -> None:
         from tcexport.loader.archive import open_archive
         from tcexport.loader.arrays import to_numpy
+        from tcexport.loader.guards import GuardPlan
         from tcexport.loader.load import load_cpu
+        from tcexport.loader.weights import load_weights
 
         archive = open_archive(path)   # signatures are not checked here: the package may not be signed yet
         if not any(k.target == "cpu" for k in archive.manifest.kernels):
+            GuardPlan(archive.manifest)
+            load_weights(archive)      # every weight's dtype and shape as the manifest says (a 0-d weight too)
             return
         try:
             model = load_cpu(archive, num_threads=1)
