@@ -254,3 +254,29 @@ def test_cubin_workers_report_as_they_finish():
     assert seen == sorted(seen) and seen[-1] == 7 and len(seen) >= 2
     assert [e.count("noise") for e in errors] == [3, 4]
     assert all(w.wait() == 0 for w in workers)
+
+
+def test_manifest_model_version_and_metadata():
+    """Optional, checked like every field, written only when set (older packages keep their bytes)."""
+    import dataclasses
+
+    from loader_helpers import make_manifest
+    from tcexport.formats.errors import FormatError
+    from tcexport.formats.manifest import parse_manifest
+
+    plain = make_manifest()
+    plain = dataclasses.replace(plain, members={n: {"sha256": "0" * 64, "size": 1} for n in
+                                                [plain.weights_file, plain.kernels[0].file, *plain.sources]})
+    assert b'"version"' not in plain.dumps() and b'"metadata"' not in plain.dumps()
+    assert parse_manifest(plain.dumps()).model_version is None and parse_manifest(plain.dumps()).metadata == {}
+    m = dataclasses.replace(plain, model_version="1.4.0", metadata={"git_sha": "0a1b", "owner": "vision"})
+    back = parse_manifest(m.dumps())
+    assert (back.model_version, back.metadata) == ("1.4.0", {"git_sha": "0a1b", "owner": "vision"})
+    for model in ({"name": "add", "version": ""}, {"name": "add", "version": 3},
+                  {"name": "add", "metadata": {"bad key": "x"}}, {"name": "add", "metadata": {"k": 1}},
+                  {"name": "add", "metadata": ["k"]}, {"name": "add", "metadata": {"k": "v" * 5000}},
+                  {"name": "add", "metadata": {f"k{i}": "v" for i in range(300)}}):
+        d = json.loads(plain.dumps())
+        d["model"] = model
+        with pytest.raises(FormatError, match=r"model\.(version|metadata)"):
+            parse_manifest(json.dumps(d).encode())
