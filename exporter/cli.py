@@ -23,19 +23,13 @@ from typing import Sequence, TextIO
 
 from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
-from tcexport.loader.cli_base import (ArgumentParser, Reporter, UsageError, add_version, human_bytes,
-                                      stdout_closed, wants_json)
+from tcexport.loader.cli_base import (ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version,
+                                      human_bytes, stdout_closed, wants_json)
 
 TOOL = "tcexport"
 VERIFY_FAILED = 20
 INTERNAL_ERROR = cli_json.INTERNAL_ERROR
 EXPORT_EXTRA = "pip install 'tcexport[export]'"
-
-
-class MissingDependencyError(TcError):
-    """The export extra (torch, triton, onnx) is not installed: this is a loader-only install."""
-
-    exit_code = cli_json.USAGE_ERROR
 
 
 class VerifyMismatchError(TcError):

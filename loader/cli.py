@@ -18,18 +18,13 @@ from typing import Sequence
 from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
 
-from .cli_base import ArgumentParser, Reporter, UsageError, add_version, stdout_closed, wants_json
+from .cli_base import (ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version, stdout_closed,
+                       wants_json)
 
 TOOL = "tcpkg"
 COMMANDS_GROUP = "tcpkg.commands"   # entry points: NAME = "module:main", main(argv) -> int
 BUILTIN = ("inspect", "verify", "sign", "run")
 TRUSTED_KEY_HELP = "a trusted ed25519 public key (PEM); repeatable; default $TCEXPORT_TRUSTED_KEYS"
-
-
-class MissingDependencyError(TcError):
-    """A command's packages are not installed (e.g. ``tcpkg serve`` without the ``serve`` extra)."""
-
-    exit_code = cli_json.USAGE_ERROR
 
 
 def installed_commands() -> dict:

@@ -22,6 +22,13 @@ class UsageError(TcError):
         self.usage = usage
 
 
+class MissingDependencyError(TcError):
+    """A command's packages are not installed: ``tcexport`` in a loader-only install (the ``export`` extra),
+    ``tcpkg serve`` without the ``serve`` extra. Exit 2, as a command line that cannot run."""
+
+    exit_code = cli_json.USAGE_ERROR
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises ``UsageError`` instead of printing and exiting, so the caller decides how a usage
     error is reported (one JSON document with ``--json``, ``usage + error:`` on stderr otherwise). Subcommand
