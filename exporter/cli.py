@@ -23,8 +23,8 @@ from typing import Sequence, TextIO
 
 from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
-from tcexport.loader.cli_base import (ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version,
-                                      human_bytes, stdout_closed, wants_json)
+from tcexport.loader.cli_base import (EXIT_CODES, ArgumentParser, MissingDependencyError, Reporter, UsageError,
+                                      add_version, human_bytes, stdout_closed, wants_json)
 
 TOOL = "tcexport"
 VERIFY_FAILED = 20
@@ -40,7 +40,7 @@ class VerifyMismatchError(TcError):
 
 def build_parser() -> ArgumentParser:
     """Every tcexport option, declared once with its type, default and help."""
-    p = ArgumentParser(prog=TOOL, description="Export MODEL.py into a .tcpkg archive.")
+    p = ArgumentParser(prog=TOOL, description="Export MODEL.py into a .tcpkg archive.", epilog=EXIT_CODES)
     add_version(p, TOOL)
     p.add_argument("model_file", type=Path, metavar="MODEL.py", help="Python file defining model() and "
                    "example_inputs() (and optionally dynamic_shapes)")

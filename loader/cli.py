@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import textwrap
 import sys
 import traceback
 from typing import Sequence
@@ -18,7 +19,7 @@ from typing import Sequence
 from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
 
-from .cli_base import (ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version, stdout_closed,
+from .cli_base import (EXIT_CODES, ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version, stdout_closed,
                        wants_json)
 
 TOOL = "tcpkg"
@@ -40,7 +41,8 @@ def build_parser(commands: dict | None = None) -> ArgumentParser:
     extra = "".join(f"\n  {name:<12} ({ep.value})" for name, ep in sorted((commands or {}).items()))
     parser = ArgumentParser(prog=TOOL, description="Inspect, verify, sign and run .tcpkg packages (no PyTorch "
                             "needed).", formatter_class=argparse.RawDescriptionHelpFormatter,
-                            epilog=("installed commands (tcpkg NAME --help):" + extra) if extra else None)
+                            epilog=("installed commands (tcpkg NAME --help):" + extra + "\n\n" if extra else "")
+                            + textwrap.fill(EXIT_CODES, 100))
     add_version(parser, TOOL)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
