@@ -19,8 +19,8 @@ from typing import Sequence
 from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
 
-from .cli_base import (EXIT_CODES, ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version, stdout_closed,
-                       wants_json)
+from .cli_base import (EXIT_CODES, ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version,
+                       stdout_closed, wants_json)
 
 TOOL = "tcpkg"
 COMMANDS_GROUP = "tcpkg.commands"   # entry points: NAME = "module:main", main(argv) -> int
