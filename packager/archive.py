@@ -33,8 +33,8 @@ def write_archive_digest(path, manifest: Manifest, members: Mapping[str, bytes],
     ``manifest.members`` is filled in here (SHA-256 and size of every member), so callers pass a manifest whose
     ``members`` is empty or stale. The result is parsed back before anything is written, so a package that the
     loader would reject is never produced: the finished bytes go through the loader's own ``open_archive`` (zip
-    structure, digest, signature, manifest, every member's hash) before the rename, then through ``check`` (the
-    temp file's path; e.g. a call at the example inputs). Either failing raises UnloadablePackageError and leaves an
+    structure, digest, signature, manifest, every member's hash) before the rename, then through ``check`` (given
+    the opened ``loader.archive.Archive``; e.g. a call at the example inputs). Either failing raises UnloadablePackageError and leaves an
     existing ``path`` untouched. ``sign_key`` (a PEM path or bytes of an ed25519 private key) signs it.
     """
     names = sorted(members)
@@ -55,14 +55,14 @@ def write_archive_digest(path, manifest: Manifest, members: Mapping[str, bytes],
 
 
 def loader_check(tmp: pathlib.Path, path, check=None) -> None:
-    """The loader's checks on the temp file about to become ``path``, then ``check(tmp)``; a failure of either is
-    an UnloadablePackageError naming ``path`` and the loader's own words."""
+    """The loader's checks on the temp file about to become ``path``, then ``check(archive)`` on what the loader
+    opened; a failure of either is an UnloadablePackageError naming ``path`` and the loader's own words."""
     from tcexport.loader.archive import open_archive
 
     try:
-        open_archive(tmp)
+        archive = open_archive(tmp)   # no trusted keys: the package may be signed later (tcpkg sign)
         if check is not None:
-            check(tmp)
+            check(archive)
     except UnloadablePackageError:
         raise
     except TcError as e:  # the loader's FormatError, GuardError, TargetError, ...: a refusal

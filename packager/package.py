@@ -24,11 +24,11 @@ class Package:
     onnx: bytes | None = None  # the model as ONNX, when the export asked for it
     warnings: tuple = ()       # what export demanded and tcexport accepted (e.g. a divisibility guard)
     digest: str | None = None  # the package digest of the archive ``save`` wrote last (SPEC §7)
-    check: Callable[[Path], None] | None = None  # run by ``save`` on the finished bytes (the exporter's example call)
+    check: Callable | None = None  # ``check(archive)`` run by ``save`` on the finished bytes (the exporter's call)
 
     def save(self, path, sign_key=None, check=None) -> Path:
         """Write the archive atomically; ``sign_key`` (an ed25519 private key: PEM path or bytes) signs it. The
-        loader's checks run on the bytes before the rename, then ``check(temp_path)`` (default: the package's own
+        loader's checks run on the bytes before the rename, then ``check(archive)`` (default: the package's own
         ``check``), see archive.loader_check."""
         written, self.digest = write_archive_digest(Path(path), self.manifest, self.members, sign_key=sign_key,
                                                     check=check if check is not None else self.check)

@@ -5,23 +5,21 @@ The call only where it can: a package without CPU kernels for this machine gets 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from tcexport.formats.errors import TargetError
 
 
-def example_call(example_inputs) -> Callable[[Path], None]:
-    """``check(temp_path)``: load the package at ``temp_path`` on the CPU and call it with ``example_inputs``
-    (torch tensors, passed as the loader's arrays); the loader's typed error propagates."""
-    def check(path: Path) -> None:
-        from tcexport.loader.archive import open_archive
+def example_call(example_inputs) -> Callable:
+    """``check(archive)``: the package the loader opened (``loader.archive.Archive`` of the temp file), loaded on
+    the CPU and called with ``example_inputs`` (torch tensors, passed as the loader's arrays); the loader's typed
+    error propagates."""
+    def check(archive) -> None:
         from tcexport.loader.arrays import to_numpy
         from tcexport.loader.guards import GuardPlan
         from tcexport.loader.load import load_cpu
         from tcexport.loader.weights import load_weights
 
-        archive = open_archive(path)   # signatures are not checked here: the package may not be signed yet
         if not any(k.target == "cpu" for k in archive.manifest.kernels):
             GuardPlan(archive.manifest)
             load_weights(archive)      # every weight's dtype and shape as the manifest says (a 0-d weight too)
