@@ -33,7 +33,7 @@ def success(tool: str, command: str, body: dict, exit_code: int = 0) -> dict:
 
 
 def failure(tool: str, command: str | None, error: dict, exit_code: int, body: dict | None = None) -> dict:
-    """A failure document; ``error`` as ``error_fields`` or ``usage_error`` make it, ``body`` what the command
+    """A failure document; ``error`` as ``error_fields`` makes it, ``body`` what the command
     produced before it failed (e.g. a verify report)."""
     doc = {"schema_version": SCHEMA_VERSION, "tool": tool, "command": command, "ok": False,
            "exit_code": exit_code, "error": error}
@@ -60,11 +60,6 @@ def error_fields(err: BaseException, type_name: str | None = None, message: str 
         if m:
             fields["file"], fields["line"] = m["file"], int(m["line"])
     return fields
-
-
-def usage_error(message: str) -> dict:
-    """The ``error`` object of a command line the parser refused (exit 2)."""
-    return error_fields(ValueError(message), "UsageError", message)
 
 
 def dumps(doc: dict) -> str:
