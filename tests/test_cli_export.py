@@ -166,3 +166,13 @@ def test_a_package_the_loader_refuses_is_never_written(tiny_package, tmp_path):
     assert out.read_bytes() == b"the old package" and os.listdir(tmp_path) == ["tiny.tcpkg"]
     pkg.save(out)   # the real one passes the same checks
     assert out.read_bytes()[:2] == b"PK"
+
+
+@pytest.mark.slow
+def test_unsupported_op_fields_in_json(tmp_path):
+    from packages import MODELS
+
+    r = tcexport(MODELS / "unsupported.py", "-o", tmp_path / "u.tcpkg", "--json")
+    e = json.loads(r.stdout)["error"]
+    assert r.returncode == 14 and e["type"] == "UnsupportedOpError" and e["op"] == "aten.sort.default"
+    assert e["file"].endswith("unsupported.py") and e["line"] == 10
