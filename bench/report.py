@@ -14,20 +14,34 @@ def _fmt_ms(lat: dict | None) -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Benchmark `{result['suite']}` on {result['machine']} ({result['date']})", "",
-             f"device {result['device']}, {result['threads']} threads, cold start = median of "
-             f"{result['cold_runs']} fresh processes; ratios (**bold**) are to torch.compile (default mode) "
-             f"measured in the same run; latency = median (p10–p90) of warm calls.", "",
+    return "\n".join(header(result) + model_sections(result))
+
+
+def header(result: dict) -> list[str]:
+    return [f"# Benchmark `{result['suite']}` on {result['machine']} ({result['date']})", "",
+             f"device {result['device']}, {result['threads']} threads, "
+             + (f"cold start = median of {result['cold_runs']} fresh processes" if result["cold_runs"]
+                else "cold start not measured (--cold-runs 0)")
+             + "; ratios (**bold**) are to torch.compile (default mode) measured in the same run; latency = median "
+             "(p10–p90) of warm calls.", "",
              "versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v), ""]
+
+
+def model_sections(result: dict, level: str = "##") -> list[str]:
+    """Per model: every backend's build, size, cold start, latency per batch, accuracy and activation peak."""
+    lines = []
     for key, model in result["models"].items():
         batches = model["batches"]
-        lines += [f"## {key}", ""]
+        lines += [f"{level} {key}", ""]
         head = ["backend", "build s", "size MB", "cold start s", "peak RSS MB"]
         if result["device"] == "cuda":
             head.append("peak GPU MB")
         head += [f"batch {b}" for b in batches] + ["max abs diff vs fp64", f"activation peak KB (batch {max(batches)})"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for name, row in model["backends"].items():
+            if row.get("skipped"):
+                lines.append(f"| {name} | {row['skipped']} |" + " |" * (len(head) - 2))
+                continue
             if "error" in row and not row.get("latency"):
                 lines.append(f"| {name} | error: {row['error']} |" + " |" * (len(head) - 2))
                 continue
@@ -50,7 +64,7 @@ def markdown(result: dict) -> str:
         lines.append("")
         notes = [f"- {name}: {row['note']}" for name, row in model["backends"].items() if row.get("note")]
         lines += notes + ([""] if notes else [])
-    return "\n".join(lines)
+    return lines
 
 
 def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
@@ -103,6 +117,14 @@ def plots(result: dict, out_dir: Path, stem: str) -> list[Path]:
 
 
 def write_all(result: dict, out_dir: Path, stem: str) -> None:
+    """The table and plots beside the json: the zoo suites' summary tables and plots per family (suite_report.py),
+    the small suites' latency and cold-start plots."""
+    if result.get("zoo"):
+        from . import suite_report
+
+        (out_dir / f"{stem}.md").write_text(suite_report.markdown(result))
+        suite_report.plots(result, out_dir, stem)
+        return
     (out_dir / f"{stem}.md").write_text(markdown(result))
     plots(result, out_dir, stem)
 

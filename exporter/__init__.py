@@ -1,13 +1,13 @@
 """The compiler: capture → lower → fuse → plan → codegen → build. ``export()`` is the Python entry point: the
 pipeline's export (pipeline.py), with ``autotune=True`` first running the tuning tool (tune/autotune.py) and then
-building with the tuning it returned, as ``--tuning`` does."""
+building with the tuning it returned, as ``--tuning`` does. torch is imported when ``export`` is called, not when
+this package is, so ``tcexport --help`` and the missing-torch message work in a loader-only install."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from tcexport.exporter import pipeline
 from tcexport.exporter.errors import ExportError, output_error
 
 __all__ = ["export"]
@@ -19,6 +19,8 @@ def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("
     tiles on this machine's GPU at the example inputs, or at each of ``autotune_at`` ("batch=8" strings), and
     builds with the winners (recorded in the manifest's ``cuda.tuning``); ``tuning`` (a .tcpkg path, or its
     manifest's ``cuda.tuning``) builds with a recorded tuning instead, no GPU needed."""
+    from tcexport.exporter import pipeline
+
     if tuning is not None and autotune:
         raise ExportError("--tuning builds with a recorded tuning and --autotune makes a new one; pass one of them")
     if autotune_at and not autotune:
@@ -28,12 +30,16 @@ def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("
 
         require_gpu(pipeline.parse_targets(targets))  # before anything is built
         t0 = time.perf_counter()
+        if kw.get("progress") is not None:
+            kw["progress"].stage("autotune", "measuring tiles on this GPU")
         tuning, report = tune(model, example_inputs, dynamic_shapes, targets, at=autotune_at,
                               **{k: v for k, v in kw.items() if k in _TUNE_ARGS})
         if kw.get("dump"):
             _write_report(Path(kw["dump"]), report)
         if kw.get("on_stage") is not None:
             kw["on_stage"]("autotune", time.perf_counter() - t0)
+        if kw.get("progress") is not None:
+            kw["progress"].stage_done("autotune", time.perf_counter() - t0)
     return pipeline.export(model, example_inputs, dynamic_shapes, targets, tuning=tuning, **kw)
 
 

@@ -19,9 +19,16 @@ class ModelFileError(ExportError):
 
 
 class DynamicSpecError(ExportError):
-    """A `--dynamic` spec or a `dynamic_shapes` entry is malformed or names an input/dim that does not exist."""
+    """A `--dynamic` spec or a `dynamic_shapes` entry is malformed or names an input/dim that does not exist.
+    ``symbol``, ``expected`` and ``got`` are set where one symbol is at fault (e.g. a misspelt one)."""
 
     exit_code = 12
+
+    def __init__(self, message: str, *, symbol: str | None = None, expected: object = None, got: object = None):
+        super().__init__(message)
+        self.symbol = symbol
+        self.expected = expected
+        self.got = got
 
 
 class CaptureError(ExportError):

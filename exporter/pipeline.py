@@ -25,6 +25,7 @@ import torch
 from tcexport.exporter.errors import ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
 from tcexport.exporter.options import CudaOptions
+from tcexport.exporter.progress import Progress
 
 TARGET_HELP = "cpu, cuda:sm_XX or a comma-separated list, e.g. cpu,cuda:sm_80,sm_90"
 INFERENCE = "inference"
@@ -100,6 +101,7 @@ class Results:
     cpu: CpuLibrary | None = None                # (codegen_cpp, build_cpp)
     onnx: tuple | None = None                    # (bytes, opset)                 (onnx)
     timings: dict = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)  # where stages report what they are doing
 
     @property
     def inference(self) -> Graph:
@@ -200,7 +202,8 @@ def stage_codegen_cpp(r: Results) -> str:
 def stage_build_cpp(r: Results) -> str:
     from tcexport.exporter.cpu import build
 
-    r.cpu.binaries = build.build_all(r.cpu.source, cache_dir=r.job.cache_dir, descriptor=r.cpu.descriptor)
+    r.cpu.binaries = build.build_all(r.cpu.source, cache_dir=r.job.cache_dir, descriptor=r.cpu.descriptor,
+                                     on_built=lambda done, total: r.progress.step(done, total, "CPU bundles"))
     return "\n".join(f"{isa}: {len(data)} bytes" for isa, data in r.cpu.binaries.items())
 
 
@@ -228,7 +231,8 @@ def _build_cuda(r: Results, g: Graph) -> str:
     from tcexport.exporter.cuda import build
 
     g.cuda.cubins = build.build_cubins(g.cuda.module, r.job.archs, r.job.cache_dir or default_cache_dir(),
-                                       r.job.cuda_options)
+                                       r.job.cuda_options,
+                                       on_built=lambda done, total: r.progress.step(done, total, "cubins"))
     lines = [launch.describe() for launch in g.cuda.module.launches]
     for arch, cubins in g.cuda.cubins.items():
         lines += [f"sm_{arch} {c.kernel}: {len(c.data)} bytes, shared {c.shared}, warps {c.num_warps}"
@@ -257,25 +261,39 @@ def stage_onnx(r: Results) -> str:
     return f"ONNX opset {r.onnx[1]}, {len(r.onnx[0])} bytes"
 
 
+def _cpu_bundles_text(r: Results) -> str:
+    from tcexport.exporter.cpu.build import ISA_LEVELS
+
+    return f"building {len(ISA_LEVELS)} CPU bundles"
+
+
+def _cubins_text(r: Results) -> str:
+    launches = sum(len(g.cuda.module.launches) for g in r.graphs.values() if g.cuda is not None)
+    archs = r.job.archs
+    return f"building {launches * len(archs)} cubins ({launches} kernels for {', '.join(f'sm_{a}' for a in archs)})"
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     run: Callable[[Results], str]
     dump: str                             # file name under --dump
     when: Callable[[Job], bool] = lambda job: True
+    detail: Callable[[Results], str] = lambda r: ""   # what the progress line says while it runs
 
 
-FRONT = [Stage("capture", stage_capture, "graph.txt"),
-         Stage("autograd", stage_autograd, "graph_train.txt", lambda job: job.backward)]
-GRAPHS = [Stage("lower", stage_lower, "ir.txt"),
-          Stage("fuse", stage_fuse, "kernels.txt"),
-          Stage("plan", stage_plan, "plan.txt")]
-CPU = [Stage("codegen_cpp", stage_codegen_cpp, "model.cpp"),
-       Stage("build_cpp", stage_build_cpp, "build.txt")]
-CUDA = [Stage("schedule_cuda", stage_schedule_cuda, "schedule_cuda.txt"),
-        Stage("codegen_triton", stage_codegen_triton, "model_triton.py"),
-        Stage("build_cuda", stage_build_cuda, "build_cuda.txt", lambda job: job.build_cubins)]
-CHECKS = [Stage("onnx", stage_onnx, "onnx.txt", lambda job: job.onnx)]
+FRONT = [Stage("capture", stage_capture, "graph.txt", detail=lambda r: "torch.export"),
+         Stage("autograd", stage_autograd, "graph_train.txt", lambda job: job.backward,
+               lambda r: "joint forward and backward graphs")]
+GRAPHS = [Stage("lower", stage_lower, "ir.txt", detail=lambda r: f"{len(r.graphs)} graph(s) to loop IR"),
+          Stage("fuse", stage_fuse, "kernels.txt", detail=lambda r: "fusing loops into kernels"),
+          Stage("plan", stage_plan, "plan.txt", detail=lambda r: "memory plan")]
+CPU = [Stage("codegen_cpp", stage_codegen_cpp, "model.cpp", detail=lambda r: "generating C++"),
+       Stage("build_cpp", stage_build_cpp, "build.txt", detail=_cpu_bundles_text)]
+CUDA = [Stage("schedule_cuda", stage_schedule_cuda, "schedule_cuda.txt", detail=lambda r: "GPU schedule"),
+        Stage("codegen_triton", stage_codegen_triton, "model_triton.py", detail=lambda r: "generating Triton"),
+        Stage("build_cuda", stage_build_cuda, "build_cuda.txt", lambda job: job.build_cubins, _cubins_text)]
+CHECKS = [Stage("onnx", stage_onnx, "onnx.txt", lambda job: job.onnx, lambda r: "exporting ONNX")]
 
 
 def stages(job: Job) -> list[Stage]:
@@ -292,19 +310,22 @@ def _write_dump(path: Path, text: str) -> None:
 
 
 def run_stages(job: Job, dump: Path | None = None,
-               on_stage: Callable[[str, float], None] | None = None) -> Results:
+               on_stage: Callable[[str, float], None] | None = None, progress: Progress | None = None) -> Results:
+    """Run ``stages(job)`` in order; ``on_stage(name, seconds)`` after each, ``progress`` told as they run."""
     if dump is not None:
         try:
             dump.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise output_error("the --dump folder", dump, e, "pass another folder to --dump") from e
-    r = Results(job)
+    r = Results(job, progress=progress or Progress())
     for stage in stages(job):
         t0 = time.perf_counter()
+        r.progress.stage(stage.name, stage.detail(r))
         text = stage.run(r)
         r.timings[stage.name] = time.perf_counter() - t0
         if dump is not None:
             _write_dump(dump / stage.dump, text)
+        r.progress.stage_done(stage.name, r.timings[stage.name])
         if on_stage is not None:
             on_stage(stage.name, r.timings[stage.name])
     return r
@@ -370,7 +391,8 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
-           tuning=None, cuda_options: CudaOptions | None = None, precision: str | None = None):
+           tuning=None, cuda_options: CudaOptions | None = None, precision: str | None = None,
+           progress: Progress | None = None, model_version: str | None = None, metadata: dict | None = None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -382,7 +404,9 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     interpreter (exporter/check/interpret.py), which is how tests check many kernels quickly.
     ``tuning`` (a .tcpkg path, or its manifest's ``cuda.tuning``) builds with a recorded tuning instead of the
     heuristics, no GPU needed; ``tcexport.exporter.export(..., autotune=True)`` makes one first (tune/autotune.py).
-    ``cuda_options`` (exporter/options.py) says how CUDA kernels are generated and built.
+    ``cuda_options`` (exporter/options.py) says how CUDA kernels are generated and built. ``progress``
+    (exporter/progress.py) is told what runs; ``model_version`` and ``metadata`` (str -> str) go into the
+    manifest's ``model`` (informational, shown by ``tcpkg inspect``).
     ``precision`` ("bf16" or "fp16") exports the model as it computes under ``torch.autocast("cuda", dtype)``
     (front/autocast.py): GEMMs, convolutions and attention in 16 bits, norms, softmax and reductions in float32,
     GEMM weights stored in 16 bits; ``package.reference`` is that module, for comparisons.
@@ -394,13 +418,29 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     job = make_job(model, example_inputs, dynamic_shapes, targets, dynamic=dynamic, cache_dir=cache_dir,
                    source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=build_cubins,
                    tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None, precision=precision)
-    results = run_stages(job, Path(dump) if dump else None, on_stage)
+    info = check_model_info(model_version, metadata)
+    results = run_stages(job, Path(dump) if dump else None, on_stage, progress)
     t0 = time.perf_counter()
-    pkg = package(results, name or type(model).__name__, embed_onnx=onnx == "embed")
+    results.progress.stage("package", "manifest and members")
+    pkg = package(results, name or type(model).__name__, embed_onnx=onnx == "embed", model_info=info)
     results.timings["package"] = pkg.timings["package"] = time.perf_counter() - t0
+    results.progress.stage_done("package", results.timings["package"])
     if on_stage is not None:
         on_stage("package", results.timings["package"])
     return pkg
+
+
+def check_model_info(model_version: str | None, metadata: dict | None) -> tuple[str | None, dict]:
+    """``model_version`` and ``metadata`` as the manifest checks them, checked before anything is built."""
+    from tcexport.formats.errors import FormatError
+    from tcexport.formats.manifest import parse_model_info
+
+    info = {**({"version": model_version} if model_version is not None else {}), "metadata": dict(metadata or {})}
+    try:
+        return parse_model_info(info)
+    except FormatError as e:
+        raise ExportError(str(e).replace("manifest: model.version", "--model-version")
+                          .replace("manifest: model.metadata", "--meta")) from None
 
 
 def read_tuning(tuning) -> dict | None:

@@ -60,13 +60,13 @@ class _Written:
     offset: int
 
 
-def write_package(path, manifest_bytes: bytes, attestation: bytes, ordered: list):
+def write_package(path, manifest_bytes: bytes, attestation: bytes, ordered: list, check=None):
     """A package of these exact manifest bytes, then the ``(name, data)`` members in name order (SPEC §1's order),
     with ``attestation`` as the archive comment, written atomically; a signer uses it to add a signature without
-    changing anything else."""
+    changing anything else. ``check`` runs on the finished temp file before the rename (files.write_atomically)."""
     path = pathlib.Path(path)
     entries = [("manifest.json", manifest_bytes)] + list(ordered)
-    write_atomically(path, lambda f: write_container(f, entries, attestation), mode=0o644)
+    write_atomically(path, lambda f: write_container(f, entries, attestation), mode=0o644, check=check)
     return path
 
 

@@ -38,6 +38,17 @@ class VersionError(FormatError):
     """The archive's format major version is newer than this loader understands."""
 
 
+class UnloadablePackageError(FormatError):
+    """tcexport was about to write a package its own loader refuses (the loader's checks on the finished bytes,
+    or a call at the model's example inputs, failed). Nothing was written: an existing file is untouched. A bug in
+    tcexport: the message carries the loader's own error (``cause``) to report."""
+
+    def __init__(self, message: str, *, path: str, cause: str):
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
+
+
 class SignatureError(IntegrityError):
     """Trusted keys are configured and the package does not carry a valid signature by one of them: it is
     unsigned, signed by another key, or altered after signing (any altered byte counts). Also raised when the

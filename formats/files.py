@@ -25,10 +25,12 @@ except ImportError:  # not POSIX: no locks, and stale files are never removed (s
     fcntl = None
 
 
-def write_atomically(path, write: Callable[[BinaryIO], None] | bytes, mode: int | None = None) -> pathlib.Path:
+def write_atomically(path, write: Callable[[BinaryIO], None] | bytes, mode: int | None = None,
+                     check: Callable[[pathlib.Path], None] | None = None) -> pathlib.Path:
     """Write through a temp file ``.NAME.PID.RANDOM.tmp`` in ``path``'s folder, fsync, then rename over ``path``.
 
-    ``write`` is the bytes, or a function that writes to the open file. ``mode`` defaults to what the umask allows
+    ``write`` is the bytes, or a function that writes to the open file. ``check`` (given the temp file's path)
+    runs after the bytes are on disk and before the rename: whatever it raises keeps the rename from happening. ``mode`` defaults to what the umask allows
     for a plain file (typically 0o644). Any exception, KeyboardInterrupt and OSError (a full disk) included,
     removes the temp file and leaves an existing ``path`` untouched. Temp files of ``path`` that a killed writer
     left are removed first.
@@ -50,6 +52,8 @@ def write_atomically(path, write: Callable[[BinaryIO], None] | bytes, mode: int 
                 write(f)
             f.flush()
             os.fsync(f.fileno())
+        if check is not None:
+            check(pathlib.Path(tmp))
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:

@@ -66,6 +66,8 @@ class Manifest:
     members: dict = field(default_factory=dict)  # path -> {"sha256": hex, "size": int}
     onnx: dict | None = None  # optional: {"file": member, "opset": int}, the same model as ONNX
     trainable: tuple = ()  # weight names the backward graph returns gradients of
+    model_version: str | None = None  # optional model.version: the user's version of the model (informational)
+    metadata: dict = field(default_factory=dict)  # optional model.metadata: str -> str (informational)
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
@@ -112,7 +114,7 @@ class Manifest:
             "format": FORMAT_NAME,
             "format_version": list(self.format_version),
             "producer": dict(self.producer),
-            "model": {"name": self.model},
+            "model": model_json(self.model, self.model_version, self.metadata),
             "symbols": [asdict(s) for s in self.symbols],
             "inputs": [spec_json(s) for s in self.inputs],
             "outputs": [spec_json(s) for s in self.outputs],
@@ -215,6 +217,7 @@ def _parse(d: Any) -> Manifest:
     model_name = model.get("name", "")
     if not isinstance(model_name, str):
         raise FormatError(f"manifest: model.name should be a string, found {_clip(model_name)}")
+    model_version, metadata = parse_model_info(model)
     onnx = d.get("onnx")
     if onnx is not None and (not isinstance(onnx, dict) or not isinstance(onnx.get("file"), str)
                              or not isinstance(onnx.get("opset"), int)):
@@ -246,7 +249,53 @@ def _parse(d: Any) -> Manifest:
         model=model_name, symbols=symbols, inputs=inputs, outputs=outputs,
         output_structure=structure, guards=tuple(guards), weights_file=weights_file,
         weights=weights, kernels=kernels, graphs=graphs, plan=plan, sources=tuple(sources), members=members,
-        onnx=dict(onnx) if onnx is not None else None, trainable=trainable)
+        onnx=dict(onnx) if onnx is not None else None, trainable=trainable, model_version=model_version,
+        metadata=metadata)
+
+
+MAX_METADATA_ENTRIES = 256
+MAX_METADATA_KEY = 128
+MAX_METADATA_VALUE = 4096
+_METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+
+
+def model_json(name: str, version: str | None, metadata: dict) -> dict:
+    """``model``: its name, and ``version`` / ``metadata`` only when set (so packages without them keep their
+    bytes)."""
+    out: dict = {"name": name}
+    if version is not None:
+        out["version"] = version
+    if metadata:
+        out["metadata"] = dict(sorted(metadata.items()))
+    return out
+
+
+def parse_model_info(model: dict) -> tuple[str | None, dict]:
+    """``model.version`` (a non-empty string, default absent) and ``model.metadata`` (string keys and values,
+    default ``{}``), checked (SPEC §2). Informational: nothing a loader runs depends on them."""
+    version = model.get("version")
+    if version is not None and (not isinstance(version, str) or not version
+                                or len(version) > MAX_METADATA_VALUE):
+        raise FormatError(f"manifest: model.version should be a non-empty string of at most {MAX_METADATA_VALUE} "
+                          f"characters, found {_clip(version)}")
+    metadata = model.get("metadata", {})
+    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA_ENTRIES:
+        raise FormatError(f"manifest: model.metadata should be an object of at most {MAX_METADATA_ENTRIES} "
+                          f"string entries, found {_clip(metadata)}")
+    for key, value in metadata.items():
+        check_metadata_entry(key, value, "manifest: model.metadata")
+    return version, dict(metadata)
+
+
+def check_metadata_entry(key, value, where: str) -> None:
+    """A metadata key (``[A-Za-z0-9_][A-Za-z0-9_.:/-]*``, at most 128 characters) and its string value (at most
+    4096 characters); ``where`` names the caller for the message (the manifest, or ``--meta``)."""
+    if not isinstance(key, str) or not _METADATA_KEY.match(key) or len(key) > MAX_METADATA_KEY:
+        raise FormatError(f"{where}: key {_clip(key)} should match [A-Za-z0-9_][A-Za-z0-9_.:/-]* and be at most "
+                          f"{MAX_METADATA_KEY} characters")
+    if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+        raise FormatError(f"{where}: the value of {key!r} should be a string of at most {MAX_METADATA_VALUE} "
+                          f"characters, found {_clip(value)}")
 
 
 def _check_view(view: Graph, graph: Graph) -> None:

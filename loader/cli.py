@@ -1,213 +1,210 @@
-"""``tcpkg``: inspect and run `.tcpkg` packages from the command line, without torch.
+"""``tcpkg``: inspect, verify, sign and run `.tcpkg` packages from the command line, without torch; and the door
+to commands that layers above the loader install (``tcpkg serve``), found by entry point, never imported here.
 
-Exit codes: 0 ok; 2 usage error; otherwise the ``exit_code`` of the TcError raised (3 format/integrity,
-4 target, 5 guard, 6 kernel, 8 signature, 9 kernel cache). Errors go to stderr as ``error: <message>``;
-``--json`` output goes to stdout, on failure too.
+Exit codes: 0 ok; 2 usage error (also: a command whose packages are not installed); otherwise the ``exit_code`` of
+the TcError raised (3 format/integrity, 4 target, 5 guard, 6 kernel, 8 signature, 9 kernel cache); 70 a bug.
+Errors go to stderr as ``error: <message>``; with ``--json`` stdout holds exactly one JSON document
+(formats/cli_json.py, docs/cli-json.md), on failure too.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import pathlib
+import textwrap
 import sys
-from typing import List, Optional
+import traceback
+from typing import Sequence
 
-import numpy as np
-import typer
-
-from tcexport.formats import expr as ex
+from tcexport.formats import cli_json
 from tcexport.formats.errors import TcError
-from tcexport.formats.manifest import Manifest
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Inspect and run .tcpkg packages (no PyTorch needed).")
+from .cli_base import (EXIT_CODES, ArgumentParser, MissingDependencyError, Reporter, UsageError, add_version,
+                       stdout_closed, wants_json)
 
-
-def _fail(err: TcError, as_json: bool = False) -> None:
-    if as_json:
-        typer.echo(json.dumps({"verified": False, "error": str(err), "error_type": type(err).__name__,
-                               "exit_code": err.exit_code}))
-    typer.echo(f"error: {err}", err=True)
-    raise typer.Exit(err.exit_code)
+TOOL = "tcpkg"
+COMMANDS_GROUP = "tcpkg.commands"   # entry points: NAME = "module:main", main(argv) -> int
+BUILTIN = ("inspect", "verify", "sign", "run")
+TRUSTED_KEY_HELP = "a trusted ed25519 public key (PEM); repeatable; default $TCEXPORT_TRUSTED_KEYS"
 
 
-def _keys(trusted_key: List[pathlib.Path]):
+def installed_commands() -> dict:
+    """``tcpkg NAME`` commands other packages register (group ``tcpkg.commands``), by name; built-ins win."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP) if ep.name not in BUILTIN}
+
+
+def build_parser(commands: dict | None = None) -> ArgumentParser:
+    """Every option of every built-in command, declared once; ``commands`` (installed_commands) are listed in the
+    help."""
+    extra = "".join(f"\n  {name:<12} ({ep.value})" for name, ep in sorted((commands or {}).items()))
+    parser = ArgumentParser(prog=TOOL, description="Inspect, verify, sign and run .tcpkg packages (no PyTorch "
+                            "needed).", formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog=("installed commands (tcpkg NAME --help):" + extra + "\n\n" if extra else "")
+                            + textwrap.fill(EXIT_CODES, 100))
+    add_version(parser, TOOL)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help: str) -> ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("package", type=pathlib.Path, help="the .tcpkg file")
+        p.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout")
+        return p
+
+    p = command("inspect", "Verify a package and describe it: signature, symbols, guards, kernels, weights, "
+                "members.")
+    p.add_argument("--summary", action="store_true", help="only the headline numbers: parameters, bytes, "
+                   "kernels by kind, targets")
+    p.add_argument("--trusted-key", action="append", type=pathlib.Path, default=[], help=TRUSTED_KEY_HELP)
+    p = command("verify", "Exit 0 only if the package is intact and signed by a trusted key (exit 8 if not, 3 if "
+                "damaged).")
+    p.add_argument("--trusted-key", action="append", type=pathlib.Path, default=[], help=TRUSTED_KEY_HELP)
+    p = command("sign", "Sign a package: adds an ed25519 signature over its digest; nothing else in the file "
+                "changes.")
+    p.add_argument("--key", type=pathlib.Path, required=True, help="ed25519 private key, PEM (openssl genpkey "
+                   "-algorithm ed25519 -out KEY.pem)")
+    p.add_argument("-o", "--output", type=pathlib.Path, help="write the signed package here (default: in place, "
+                   "atomically)")
+    p = command("run", "Run a package on .npy inputs and write each output to OUT/<output name>.npy.")
+    p.add_argument("-i", "--input", dest="inputs", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input, once per input")
+    p.add_argument("-o", "--out", dest="out_dir", type=pathlib.Path, default=pathlib.Path("."),
+                   help="where to write <output>.npy (default: .)")
+    p.add_argument("--threads", dest="num_threads", type=int, help="CPU threads (default: all allowed)")
+    p.add_argument("--isa", help="force a CPU kernel bundle by isa name")
+    p.add_argument("--trusted-key", action="append", type=pathlib.Path, default=[], help=TRUSTED_KEY_HELP)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    reporter = Reporter(TOOL, wants_json(argv))
+    reporter.command = argv[0] if argv and argv[0] in BUILTIN else None
+    try:
+        if argv and not argv[0].startswith("-") and argv[0] not in BUILTIN:
+            installed = installed_commands().get(argv[0])
+            if installed is not None:
+                reporter.command = argv[0]
+                return hand_off(installed, argv[1:])
+        commands = installed_commands()
+        parser = build_parser(commands)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise UsageError(f"{TOOL}: a command is required: one of {', '.join(BUILTIN + tuple(commands))}",
+                             usage=parser.format_usage())
+        reporter.command = args.command
+        try:
+            return RUN[args.command](args, reporter)
+        except UsageError as e:   # found after parsing (--input NAME=FILE, verify without keys): the usage too
+            e.usage = e.usage or parser.format_usage()
+            raise
+    except TcError as err:
+        body = {"verified": False} if reporter.command in ("inspect", "verify") else None
+        return reporter.failure(err, body=body)
+    except BrokenPipeError:   # `tcpkg inspect X | head`: the reader left; not an error of ours
+        return stdout_closed()
+    except Exception as err:  # noqa: BLE001 - a bug: the report still reaches the caller, --json or not
+        traceback.print_exc()
+        return reporter.failure(err, cli_json.INTERNAL_ERROR, type_name="InternalError", message=(
+            f"tcpkg failed with {type(err).__name__}: {err} (a tcexport bug; please report it with the traceback "
+            "printed on stderr)"))
+
+
+def hand_off(ep, argv: list[str]) -> int:
+    """Run an installed command: its ``main(argv)``'s return value is the exit code. An import that fails for a
+    missing package says which extra to install."""
+    try:
+        run = ep.load()
+    except ImportError as e:
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "tcexport"
+        pip = "pip install 'tcexport[serve]'" if dist == "tcexport" else f"pip install '{dist}'"
+        raise MissingDependencyError(
+            f"tcpkg {ep.name} needs packages that are not installed ({type(e).__name__}: {e}); install them: "
+            f"{pip}") from None
+    code = run(argv)
+    return int(code) if code is not None else 0
+
+
+def _keys(trusted_key: list):
     """The --trusted-key files, else $TCEXPORT_TRUSTED_KEYS, else None (no signature required)."""
     from .trust import trusted_key_sources
 
     return trusted_key_sources([str(p) for p in trusted_key] if trusted_key else None)
 
 
-TRUSTED_KEY_HELP = "a trusted ed25519 public key (PEM); repeatable; default $TCEXPORT_TRUSTED_KEYS"
-
-
-@app.command()
-def inspect(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
-            as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON with a verified flag"),
-            trusted_key: List[pathlib.Path] = typer.Option([], "--trusted-key", help=TRUSTED_KEY_HELP)):
-    """Verify a package and describe it: signature, symbols, guards, kernels, weights, members."""
+def cmd_inspect(args, reporter: Reporter) -> int:
     from .archive import open_archive
-    try:
-        archive = open_archive(package, trusted_keys=_keys(trusted_key))
-    except TcError as err:
-        _fail(err, as_json)
+    from .cli_inspect import describe, signer_ids, summary, summary_lines
+
+    archive = open_archive(args.package, trusted_keys=_keys(args.trusted_key))
     m = archive.manifest
-    if as_json:
-        typer.echo(json.dumps({"path": str(package), "verified": True, "digest": archive.digest,
-                               "signatures": _signers(archive), "signed_by": list(archive.signed_by),
-                               "manifest": m.to_json()}, sort_keys=True))
-        return
-    typer.echo("\n".join(_describe(m, archive.names(), archive)))
+    s = summary(m, args.package.stat().st_size)
+    body = {"path": str(args.package), "verified": True, "digest": archive.digest,
+            "signatures": signer_ids(archive), "signed_by": list(archive.signed_by), "summary": s}
+    if not args.summary:
+        body["manifest"] = m.to_json()
+    text = summary_lines(s, m) if args.summary else describe(m, archive.names(), archive)
+    return reporter.success(body, "\n".join(text))
 
 
-def _signers(archive) -> list[str]:
-    return [s.keyid for s in archive.attestation.signatures] if archive.attestation is not None else []
-
-
-@app.command()
-def verify(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
-           trusted_key: List[pathlib.Path] = typer.Option([], "--trusted-key", help=TRUSTED_KEY_HELP),
-           as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
-    """Exit 0 only if the package is intact and signed by a trusted key (exit 8 if not, 3 if damaged)."""
+def cmd_verify(args, reporter: Reporter) -> int:
     from .archive import open_archive
-    try:
-        keys = _keys(trusted_key)
-        if keys is None:
-            typer.echo("error: tcpkg verify checks a signature against trusted keys: pass --trusted-key PUB.pem "
-                       "(or set TCEXPORT_TRUSTED_KEYS); `tcpkg inspect` checks integrity alone", err=True)
-            raise typer.Exit(2)
-        archive = open_archive(package, trusted_keys=keys)
-    except TcError as err:
-        _fail(err, as_json)
-    report = {"path": str(package), "verified": True, "digest": archive.digest, "signed_by": list(archive.signed_by),
-              "format_version": list(archive.manifest.format_version), "model": archive.manifest.model}
-    if as_json:
-        typer.echo(json.dumps(report, sort_keys=True))
-    else:
-        typer.echo(f"{package}: verified, signed by trusted key {', '.join(archive.signed_by)} "
-                   f"(package digest sha256 {archive.digest})")
+
+    keys = _keys(args.trusted_key)
+    if keys is None:
+        raise UsageError("tcpkg verify checks a signature against trusted keys: pass --trusted-key PUB.pem (or set "
+                         "TCEXPORT_TRUSTED_KEYS); `tcpkg inspect` checks integrity alone")
+    archive = open_archive(args.package, trusted_keys=keys)
+    m = archive.manifest
+    body = {"path": str(args.package), "verified": True, "digest": archive.digest,
+            "signed_by": list(archive.signed_by), "format_version": list(m.format_version), "model": m.model}
+    return reporter.success(body, f"{args.package}: verified, signed by trusted key "
+                            f"{', '.join(archive.signed_by)} (package digest sha256 {archive.digest})")
 
 
-@app.command()
-def sign(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
-         key: pathlib.Path = typer.Option(..., "--key", help="ed25519 private key, PEM (openssl genpkey -algorithm "
-                                                           "ed25519 -out KEY.pem)"),
-         output: Optional[pathlib.Path] = typer.Option(None, "-o", "--output", help="write the signed package here "
-                                                       "(default: in place, atomically)"),
-         as_json: bool = typer.Option(False, "--json", help="print the result as JSON")):
-    """Sign a package: adds an ed25519 signature over its digest; nothing else in the file changes."""
+def cmd_sign(args, reporter: Reporter) -> int:
     from .signing import sign_package
-    try:
-        out, keyid = sign_package(package, key, output)
-    except TcError as err:
-        _fail(err, as_json)
-    if as_json:
-        typer.echo(json.dumps({"path": str(out), "signed": True, "keyid": keyid}, sort_keys=True))
-    else:
-        typer.echo(f"signed {out} with key {keyid}")
+
+    out, keyid = sign_package(args.package, args.key, args.output)
+    return reporter.success({"path": str(out), "signed": True, "keyid": keyid}, f"signed {out} with key {keyid}")
 
 
-def _describe(m: Manifest, names: list[str], archive=None) -> list[str]:
-    integrity = "every member's SHA-256 matches" + (f"; package digest sha256 {archive.digest}"
-                                                    if archive is not None and archive.digest else
-                                                    "; no package digest (format before 1.7)")
-    signers = _signers(archive) if archive is not None else []
-    lines = [f"format:    tcpkg {m.format_version[0]}.{m.format_version[1]}  (verified: {integrity})",
-             f"model:     {m.model}",
-             "producer:  " + ", ".join(f"{k} {v}" for k, v in sorted(m.producer.items())),
-             "signed:    " + (", ".join(k + (" (trusted, verified)" if k in archive.signed_by else "")
-                                        for k in signers) if signers else "no"),
-             "", "interface:"]
-    lines += [f"  input  {s.name}: {s.dtype}{s.shape_text()}" for s in m.inputs]
-    lines += [f"  output {s.name}: {s.dtype}{s.shape_text()}" for s in m.outputs]
-    lines += [f"  returns: {m.output_structure}", "", "symbols:"]
-    lines += [f"  {s.name}: {s.min}..{'inf' if s.max is None else s.max}" for s in m.symbols] or ["  (none: all shapes static)"]
-    lines += ["", "guards:"] + ([f"  {ex.to_text(g.expr)}    # {g.message}" for g in m.guards] or ["  (none)"])
-    lines += ["", "kernels:"]
-    for k in m.kernels:
-        lines.append(f"  {k.target} {k.isa}: {k.file}  requires [{' '.join(k.requires)}]  abi {k.abi}"
-                     f"  libraries [{' '.join(k.libraries)}]  blas [{' '.join(k.blas)}]")
-    for name, g in m.graphs.items():
-        lines += ["", f"graph {name}: {len(g.inputs)} input(s), {len(g.outputs)} output(s)"]
-        if g.cpu is not None:
-            lines.append(f"  cpu  {g.cpu.entry}: workspace_bytes {ex.to_text(g.cpu.workspace_bytes)}, "
-                         f"kernels {_short(list(g.cpu.kernels))}")
-        if g.cuda is not None:
-            c = g.cuda
-            lines.append(f"  cuda (Triton {c.triton or '?'}): arena {ex.to_text(c.workspace_bytes)}, "
-                         f"kernels {_short(list(c.kernels))}")
-            for isa, cubins in sorted(c.cubins.items()):
-                lines.append(f"    {isa}: {len(cubins)} cubins, shared memory up to "
-                             f"{max((x.shared for x in cubins), default=0)} bytes")
-            lines += [f"    {l.name}: grid ({', '.join(ex.to_text(x) for x in l.grid)})  "
-                      f"{' '.join(f'{n}={v}' for n, v in l.block.items())}  warps {l.num_warps}  "
-                      f"stages {l.num_stages}  int{l.index_bits}" for l in c.launches]
-    lines += ["", "plan (informational):"]
-    lines += [f"  {k}: {ex.to_text(v) if k.endswith('_bytes') or k.endswith('_without_reuse') else _short(v)}"
-              for k, v in sorted(m.plan.items())]
-    total = sum(_nbytes(w) for w in m.weights)
-    lines += ["", f"weights: {len(m.weights)} tensors, {total} bytes in {m.weights_file}"]
-    lines += [f"  {w.name}: {w.dtype}{w.shape_text()}" for w in m.weights]
-    lines += ["", "members:"] + [f"  {n}  {m.members[n]['size']} bytes  sha256 {m.members[n]['sha256']}"
-                                 for n in sorted(m.members)]
-    return lines
+def cmd_run(args, reporter: Reporter) -> int:
+    import numpy as np
 
-
-def _nbytes(spec) -> int:
-    from tcexport.formats.dtypes import DTYPES
-    n = DTYPES[spec.dtype]
-    for d in spec.shape:
-        n *= d
-    return n
-
-
-def _short(v) -> str:
-    text = json.dumps(v) if not isinstance(v, str) else v
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-@app.command()
-def run(package: pathlib.Path = typer.Argument(..., help="the .tcpkg file"),
-        inputs: List[str] = typer.Option([], "--input", "-i", help="NAME=FILE.npy, once per input"),
-        out_dir: pathlib.Path = typer.Option(pathlib.Path("."), "-o", "--out", help="where to write <output>.npy"),
-        num_threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: all allowed)"),
-        isa: Optional[str] = typer.Option(None, "--isa", help="force a CPU kernel bundle by isa name"),
-        trusted_key: List[pathlib.Path] = typer.Option([], "--trusted-key", help=TRUSTED_KEY_HELP),
-        as_json: bool = typer.Option(False, "--json", help="print output names, shapes, dtypes and files as JSON")):
-    """Run a package on .npy inputs and write each output to OUT/<output name>.npy."""
     from .load import load
-    arrays = dict(_read_input(spec) for spec in inputs)
-    try:
-        model = load(package, num_threads=num_threads, isa=isa, trusted_keys=_keys(trusted_key))
-        result = model(**arrays)
-    except TcError as err:
-        _fail(err, as_json)
+
+    arrays = dict(_read_input(spec) for spec in args.inputs)
+    model = load(args.package, num_threads=args.num_threads, isa=args.isa, trusted_keys=_keys(args.trusted_key))
+    result = model(**arrays)
     results = result if isinstance(result, tuple) else (result,)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report = []
-    for spec, value in zip(model.outputs, results):
-        file = out_dir / f"{spec.name}.npy"
-        np.save(file, value.view(np.dtype(value.dtype.str)), allow_pickle=False)  # bfloat16: raw uint16 bits
-        report.append({"name": spec.name, "dtype": spec.dtype, "shape": list(value.shape), "file": str(file)})
-    if as_json:
-        typer.echo(json.dumps({"outputs": report}, sort_keys=True))
-    else:
-        for r in report:
-            typer.echo(f"{r['name']}: {r['dtype']}{r['shape']} -> {r['file']}")
+    try:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        report = []
+        for spec, value in zip(model.outputs, results):
+            file = args.out_dir / f"{spec.name}.npy"
+            np.save(file, value.view(np.dtype(value.dtype.str)), allow_pickle=False)  # bfloat16: raw uint16 bits
+            report.append({"name": spec.name, "dtype": spec.dtype, "shape": list(value.shape), "file": str(file)})
+    except OSError as e:
+        raise TcError(f"cannot write the outputs to {args.out_dir}: {e}; pass another folder with -o") from None
+    return reporter.success({"outputs": report}, "\n".join(f"{r['name']}: {r['dtype']}{r['shape']} -> {r['file']}"
+                                                           for r in report))
 
 
-def _read_input(spec: str) -> tuple[str, np.ndarray]:
+def _read_input(spec: str):
+    import numpy as np
+
     name, sep, file = spec.partition("=")
     if not sep or not name or not file:
-        raise typer.BadParameter(f"{spec!r}: expected NAME=FILE.npy", param_hint="--input")
+        raise UsageError(f"--input {spec!r}: expected NAME=FILE.npy")
     try:
         return name, np.load(file, allow_pickle=False)
     except (OSError, ValueError) as e:
-        raise typer.BadParameter(f"{file}: cannot read a .npy array ({e})", param_hint="--input") from None
+        raise UsageError(f"--input {spec!r}: {file} is not a readable .npy array ({e})") from None
 
 
-def main() -> None:
-    app()
+RUN = {"inspect": cmd_inspect, "verify": cmd_verify, "sign": cmd_sign, "run": cmd_run}
 
 
 if __name__ == "__main__":

@@ -50,12 +50,19 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     threads = default_num_threads() if num_threads is None else num_threads
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise TcError(f"num_threads should be an integer >= 1, got {num_threads!r}")
-    archive = open_archive(path, trusted_keys=keys)
+    return load_cpu(open_archive(path, trusted_keys=keys), threads, isa=isa, cache_dir=cache_dir,
+                    max_workspace_bytes=max_workspace_bytes)
+
+
+def load_cpu(archive, num_threads: int, *, isa: str | None = None, cache_dir=None,
+             max_workspace_bytes: int | None = None):
+    """The CPU model of an archive already opened and verified (``open_archive``): ``load``'s CPU half, also
+    what the exporter runs at the example inputs before it writes a package."""
     plan = GuardPlan(archive.manifest)
     weights = load_weights(archive)
-    native = load_native(archive, isa=isa, cache_dir=cache_dir, num_threads=threads)
+    native = load_native(archive, isa=isa, cache_dir=cache_dir, num_threads=num_threads)
     cls = TrainableModel if archive.manifest.training is not None else Model
-    return cls(archive, plan, weights, native, threads, max_workspace_bytes)
+    return cls(archive, plan, weights, native, num_threads, max_workspace_bytes)
 
 
 def _require_cuda_kernels(manifest: Manifest, device: str) -> None:

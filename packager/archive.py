@@ -14,7 +14,7 @@ from typing import Mapping
 
 from tcexport.formats import attestation as att
 from tcexport.formats.container import write_package
-from tcexport.formats.errors import FormatError
+from tcexport.formats.errors import FormatError, TcError, UnloadablePackageError
 from tcexport.formats.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from tcexport.formats.members import check_member_name, sha256_hex
 
@@ -27,12 +27,15 @@ def write_archive(path, manifest: Manifest, members: Mapping[str, bytes], sign_k
 
 
 def write_archive_digest(path, manifest: Manifest, members: Mapping[str, bytes],
-                         sign_key=None) -> tuple[pathlib.Path, str]:
+                         sign_key=None, check=None) -> tuple[pathlib.Path, str]:
     """Write ``manifest`` and ``members`` to ``path`` atomically; return the path and the package digest.
 
     ``manifest.members`` is filled in here (SHA-256 and size of every member), so callers pass a manifest whose
     ``members`` is empty or stale. The result is parsed back before anything is written, so a package that the
-    loader would reject is never produced. ``sign_key`` (a PEM path or bytes of an ed25519 private key) signs it.
+    loader would reject is never produced: the finished bytes go through the loader's own ``open_archive`` (zip
+    structure, digest, signature, manifest, every member's hash) before the rename, then through ``check`` (given
+    the opened ``loader.archive.Archive``; e.g. a call at the example inputs). Either failing raises UnloadablePackageError and leaves an
+    existing ``path`` untouched. ``sign_key`` (a PEM path or bytes of an ed25519 private key) signs it.
     """
     names = sorted(members)
     for name in names:
@@ -46,5 +49,28 @@ def write_archive_digest(path, manifest: Manifest, members: Mapping[str, bytes],
     statement = att.unsigned(manifest_bytes, manifest.format_version)
     if sign_key is not None:
         statement = att.sign(statement, att.load_private_key(sign_key))
-    written = write_package(path, manifest_bytes, statement.to_bytes(), [(n, members[n]) for n in names])
+    written = write_package(path, manifest_bytes, statement.to_bytes(), [(n, members[n]) for n in names],
+                            check=lambda tmp: loader_check(tmp, path, check))
     return written, statement.digest
+
+
+def loader_check(tmp: pathlib.Path, path, check=None) -> None:
+    """The loader's checks on the temp file about to become ``path``, then ``check(archive)`` on what the loader
+    opened; a failure of either is an UnloadablePackageError naming ``path`` and the loader's own words."""
+    from tcexport.loader.archive import open_archive
+
+    try:
+        archive = open_archive(tmp)   # no trusted keys: the package may be signed later (tcpkg sign)
+        if check is not None:
+            check(archive)
+    except UnloadablePackageError:
+        raise
+    except TcError as e:  # the loader's FormatError, GuardError, TargetError, ...: a refusal
+        _refused(path, e)
+
+
+def _refused(path, e: Exception):
+    raise UnloadablePackageError(
+        f"tcexport built a package that its own loader refuses, so {path} was not written (an existing file there "
+        f"is untouched): {type(e).__name__}: {e}. This is a tcexport bug; please report it with the model file "
+        "and this message.", path=str(path), cause=f"{type(e).__name__}: {e}") from e

@@ -62,7 +62,7 @@ def _export(name: str, work: Path) -> dict:
     path, args = CASES[name]
     out = work / f"{name}.tcpkg"
     env = dict(os.environ, TCEXPORT_CACHE=str(work / f"cache-{name}"))
-    cmd = [sys.executable, "-c", "from tcexport.exporter.cli import main; main()", str(path), "-o", str(out),
+    cmd = [sys.executable, "-c", "import sys; from tcexport.exporter.cli import main; sys.exit(main())", str(path), "-o", str(out),
            "-q", *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work)
     if r.returncode != 0:

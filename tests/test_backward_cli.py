@@ -35,4 +35,4 @@ def test_backward_summary_and_dump(tmp_path):
 def test_backward_errors(tmp_path, args, code, message):
     r = tcexport(EXAMPLES / "decoder.py", "--backward", *args, "-o", tmp_path / "d.tcpkg", "--json")
     assert r.returncode == code, r.stderr
-    assert message in json.loads(r.stdout)["message"]
+    assert message in json.loads(r.stdout)["error"]["message"]

@@ -58,7 +58,8 @@ def file_size_limit(limit: int):
 def error_json(r: subprocess.CompletedProcess, code: int) -> dict:
     assert r.returncode == code, r.stdout + r.stderr
     out = json.loads(r.stdout)
-    assert out["ok"] is False and out["exit_code"] == code and set(out) == {"ok", "error", "message", "exit_code"}
+    assert out["ok"] is False and out["exit_code"] == code and out["schema_version"] == 1
+    assert set(out) == {"schema_version", "tool", "command", "ok", "error", "exit_code"}
     return out
 
 
@@ -91,12 +92,14 @@ def test_read_only_output_folder(tmp_path, warm_package):
     try:
         out = error_json(tcexport(EXAMPLES / "mlp.py", "-o", folder / "mlp.tcpkg", "--json",
                                   preexec_fn=unprivileged), OutputError.exit_code)
-        assert out["error"] == "OutputError"
-        assert f"the package {folder / 'mlp.tcpkg'}" in out["message"] and "permission denied" in out["message"]
-        assert "-o" in out["message"].split("Fix:")[1]
+        assert out["error"]["type"] == "OutputError"
+        message = out["error"]["message"]
+        assert f"the package {folder / 'mlp.tcpkg'}" in message and "permission denied" in message
+        assert "-o" in message.split("Fix:")[1]
         dump = error_json(tcexport(EXAMPLES / "mlp.py", "-o", tmp_path / "mlp.tcpkg", "--json", "--dump",
                                    folder / "dump", preexec_fn=unprivileged), OutputError.exit_code)
-        assert "the --dump folder" in dump["message"] and "pass another folder to --dump" in dump["message"]
+        assert "the --dump folder" in dump["error"]["message"]
+        assert "pass another folder to --dump" in dump["error"]["message"]
     finally:
         folder.chmod(0o755)
     assert os.listdir(folder) == ["mlp.tcpkg"] and (folder / "mlp.tcpkg").read_bytes() == OLD
@@ -110,7 +113,8 @@ def test_full_disk_leaves_old_package_and_no_temp(tmp_path, warm_package):
     r = tcexport(EXAMPLES / "mlp.py", "-o", target, "--json",
                  preexec_fn=file_size_limit(warm_package.stat().st_size // 2))
     out = error_json(r, OutputError.exit_code)
-    assert f"the package {target}" in out["message"] and "EFBIG" in out["message"] and "ulimit" in out["message"]
+    message = out["error"]["message"]
+    assert f"the package {target}" in message and "EFBIG" in message and "ulimit" in message
     assert os.listdir(tmp_path) == ["mlp.tcpkg"] and target.read_bytes() == OLD
 
 
@@ -129,7 +133,8 @@ def test_a_bug_still_prints_json(tmp_path):
                      "def _broken(*a, **k):\n    raise KeyError('a bug in a stage')\n_p.run_stages = _broken\n")
     r = tcexport(model, "--json", "-o", tmp_path / "m.tcpkg")
     out = error_json(r, 70)
-    assert out["error"] == "InternalError" and "KeyError" in out["message"] and "bug" in out["message"]
+    assert out["error"]["type"] == "InternalError"
+    assert "KeyError" in out["error"]["message"] and "bug" in out["error"]["message"]
     assert "Traceback" in r.stderr and "a bug in a stage" in r.stderr
 
 

@@ -306,7 +306,8 @@ def test_blas_pointers_reach_the_kernel(tmp_path):
 
 
 def _tcpkg(*args, env=None):
-    return subprocess.run([sys.executable, "-c", "from tcexport.loader.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c",
+                           "import sys; from tcexport.loader.cli import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env)
 
 

@@ -289,7 +289,8 @@ def test_wrong_key_kinds_are_signature_errors(tmp_path):
 
 
 def _tcpkg(*args, env=None):
-    return subprocess.run([sys.executable, "-c", "from tcexport.loader.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c",
+                           "import sys; from tcexport.loader.cli import main; sys.exit(main())", *args],
                           capture_output=True, text=True, env=env)
 
 
@@ -299,7 +300,7 @@ def test_cli_sign_and_verify(package, tmp_path):
     copy = tmp_path / "p.tcpkg"
     shutil.copy(package, copy)
     r = _tcpkg("verify", str(copy), "--trusted-key", str(a_pub), "--json")
-    assert r.returncode == SignatureError.exit_code and json.loads(r.stdout)["error_type"] == "SignatureError"
+    assert r.returncode == SignatureError.exit_code and json.loads(r.stdout)["error"]["type"] == "SignatureError"
     r = _tcpkg("sign", str(copy), "--key", str(a), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["keyid"] == att.keyid(att.load_public_key(a_pub))
@@ -384,7 +385,7 @@ def test_tcexport_sign_key(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(EXAMPLES / "mlp.py"), "-o",
                         str(tmp_path / "x.tcpkg"), "--sign-key", str(tmp_path / "bad.pem"), "--json"],
                        capture_output=True, text=True)
-    assert r.returncode == SignatureError.exit_code and json.loads(r.stdout)["error"] == "SignatureError"
+    assert r.returncode == SignatureError.exit_code and json.loads(r.stdout)["error"]["type"] == "SignatureError"
     assert not (tmp_path / "x.tcpkg").exists()
 
 

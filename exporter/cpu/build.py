@@ -14,7 +14,7 @@ import hashlib
 import os
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -92,12 +92,17 @@ def build_one(source: str, isa: IsaLevel, cache: BuildCache | None, warn: Callab
 
 
 def build_all(source: str, isas=ISA_LEVELS, cache_dir: Path | None = None,
-              warn: Callable[[str], None] | None = None, descriptor: bytes = b"") -> dict[str, bytes]:
+              warn: Callable[[str], None] | None = None, descriptor: bytes = b"",
+              on_built: Callable[[int, int], None] | None = None) -> dict[str, bytes]:
+    """One library per ISA level, built in parallel (cached by content); ``on_built(done, total)`` as each ends."""
     warn = warn_once(warn or print_warning)
     cache = BuildCache.open(cache_dir or default_cache_dir(), warn)
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(len(isas), os.cpu_count() or 1))) as pool:
             futures = {isa.name: pool.submit(build_one, source, isa, cache, warn, descriptor) for isa in isas}
+            if on_built is not None:
+                for done, _ in enumerate(as_completed(futures.values()), 1):
+                    on_built(done, len(futures))
             return {name: f.result() for name, f in futures.items()}
     finally:
         if cache is not None:

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import subprocess
+from typing import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,24 +162,27 @@ def _cache_key(source: str, launch: TritonLaunch, arch: int, fp_fusion: bool) ->
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path,
-                 options: CudaOptions = CudaOptions()) -> dict[int, list[BuiltCubin]]:
+def build_cubins(module: TritonModule, archs: list[int], cache_dir: Path, options: CudaOptions = CudaOptions(),
+                 on_built: Callable[[int, int], None] | None = None) -> dict[int, list[BuiltCubin]]:
     """Every kernel for every arch, in launch order; cached by content and by the options that change the binary
     (build_cache.py: a cached cubin is reused only if it hashes as stored, is for this arch and holds this
     kernel). ``options.fp_fusion`` is Triton's ``enable_fp_fusion``, passed to the compile, never set in the
-    process environment."""
+    process environment. ``on_built(done, total)`` counts cubins as they are ready, cached ones first."""
     warn = warn_once(print_warning)
+    report = on_built or (lambda done, total: None)
     cache = BuildCache.open(cache_dir / "cuda", warn)   # None: build uncached (a warning said why)
     try:
         out, todo = _cached_cubins(module, archs, cache, options.fp_fusion)
+        total = len(module.launches) * len(archs)
+        report(total - len(todo), total)
         if todo:
             with build_folder("tcexport-triton-") as tmp:
                 path = Path(tmp) / f"{MODULE_NAME}.py"
                 path.write_text(module.source)
                 jobs = [(str(path), launch, arch, options.fp_fusion) for arch, _, launch, _ in todo]
                 workers = max(1, min(os.cpu_count() or 1, 8, len(jobs)))
-                results = [_compile_job(job) for job in jobs] if workers == 1 else \
-                    _compile_in_processes(jobs, workers, tmp)
+                results = _compile_here(jobs, lambda n: report(total - len(todo) + n, total)) if workers == 1 \
+                    else _compile_in_processes(jobs, workers, tmp, lambda n: report(total - len(todo) + n, total))
             for (arch, i, _, key), c in zip(todo, results):
                 out[arch][i] = c
                 if cache is not None:
@@ -226,10 +230,19 @@ def _from_record(launch: TritonLaunch, arch: int, data: bytes, m: dict) -> Built
     return c if c.function.encode() in data else None
 
 
-def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[BuiltCubin]:
+def _compile_here(jobs: list, on_done: Callable[[int], None]) -> list[BuiltCubin]:
+    out = []
+    for job in jobs:
+        out.append(_compile_job(job))
+        on_done(len(out))
+    return out
+
+
+def _compile_in_processes(jobs: list, workers: int, tmp: str, on_done: Callable[[int], None]) -> list[BuiltCubin]:
     """Jobs split over ``workers`` child processes (``python -m tcexport.exporter.cuda.build``): Triton's
     front end parses Python ASTs, which CPython 3.11 cannot do in threads, and a multiprocessing pool would
-    re-run the caller's main script in each worker."""
+    re-run the caller's main script in each worker. Each worker prints a line per finished cubin, read here as
+    it comes (``on_done(count so far)``)."""
     chunks = [jobs[k::workers] for k in range(workers)]
     procs = []
     for k, chunk in enumerate(chunks):
@@ -240,17 +253,48 @@ def _compile_in_processes(jobs: list, workers: int, tmp: str) -> list[BuiltCubin
                                      "persistent": l.persistent, "fp_fusion": fp}
                                     for p, l, a, fp in chunk]))
         procs.append(subprocess.Popen([sys.executable, "-m", "tcexport.exporter.cuda.build", str(spec)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    errors = _watch(procs, on_done)
     by_job = {}
     for k, (proc, chunk) in enumerate(zip(procs, chunks)):
-        _, err = proc.communicate()
-        if proc.returncode != 0:
+        err = errors[k]
+        if proc.wait() != 0:
             raise BuildError(f"a Triton compile worker failed (exit {proc.returncode}):\n{err[-4000:]}")
         results = json.loads((Path(tmp) / f"jobs{k}.json.out").read_text())
         for job, r in zip(chunk, results):
             by_job[id(job)] = BuiltCubin(r["kernel"], r["arch"], bytes.fromhex(r["data"]), r["function"], r["shared"],
                                     r["num_warps"], r["global_scratch"], r["global_scratch_align"], r["dependent"])
     return [by_job[id(job)] for job in jobs]
+
+
+_BUILT = b"tcexport-cubin-built\n"   # a worker's line per finished cubin
+
+
+def _watch(procs: list, on_done: Callable[[int], None]) -> list[str]:
+    """Read every worker's stdout (counting its ``_BUILT`` lines) and stderr until all close, straight from the
+    pipes (no buffered reader hides a line from select); returns each worker's stderr."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    outs = [bytearray() for _ in procs]
+    errs = [bytearray() for _ in procs]
+    for k, proc in enumerate(procs):
+        sel.register(proc.stdout.fileno(), selectors.EVENT_READ, outs[k])
+        sel.register(proc.stderr.fileno(), selectors.EVENT_READ, errs[k])
+    done, open_pipes = 0, 2 * len(procs)
+    while open_pipes:
+        for key, _ in sel.select():
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fd)
+                open_pipes -= 1
+            key.data.extend(chunk)
+        count = sum(o.count(_BUILT) for o in outs)
+        if count != done:
+            done = count
+            on_done(done)
+    sel.close()
+    return [e.decode(errors="replace") for e in errs]
 
 
 def _worker_main(spec_path: str) -> int:
@@ -267,6 +311,8 @@ def _worker_main(spec_path: str) -> int:
         out.append({"kernel": c.kernel, "arch": c.arch, "data": c.data.hex(), "function": c.function,
                     "shared": c.shared, "num_warps": c.num_warps, "global_scratch": c.global_scratch,
                     "global_scratch_align": c.global_scratch_align, "dependent": c.dependent})
+        sys.stdout.buffer.write(_BUILT)   # the parent counts these lines (_watch)
+        sys.stdout.flush()
     Path(spec_path + ".out").write_text(json.dumps(out))
     return 0
 

@@ -20,6 +20,7 @@ torch.export -> relations.py (torch's symbols back to ours, ranges, guards).
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -170,9 +171,11 @@ def resolve(input_names: list[str], examples: tuple, model_dyn: dict | None, cli
     places: Placement = {}
     if model_dyn:
         symbols, places = parse_model_dynamic_shapes(model_dyn)
+    from_file = dict(symbols)
     for text in cli_specs:
         sym, p = parse_cli_spec(text, input_names, ranks)
         if sym is not None:
+            _check_known(text, sym.name, from_file)
             symbols[sym.name] = sym if (sym.min, sym.max) != (DEFAULT_MIN, None) or sym.name not in symbols \
                 else symbols[sym.name]
         for name, dims in p.items():
@@ -181,9 +184,11 @@ def resolve(input_names: list[str], examples: tuple, model_dyn: dict | None, cli
         for text in dims.values():
             root = parse_dim_expr(text).root
             symbols.setdefault(root, SymbolSpec(root, DEFAULT_MIN, None))
+    _check_none_dropped(from_file, places, cli_specs)
     for name, dims in places.items():
         if name not in input_names:
-            raise DynamicSpecError(f"dynamic dim on input {name!r}, but forward() takes {input_names}")
+            raise DynamicSpecError(f"dynamic dim on input {name!r}, but forward() takes {input_names}"
+                                   f"{did_you_mean(name, input_names)}")
         k = input_names.index(name)
         rank = ranks[k]
         for dim in list(dims):
@@ -194,6 +199,37 @@ def resolve(input_names: list[str], examples: tuple, model_dyn: dict | None, cli
                 dims[dim % rank] = dims.pop(dim)
     _check_examples(input_names, examples, symbols, places)
     return symbols, places
+
+
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean 'batch'?)`` for the closest of ``known`` to ``name``, or ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_known(text: str, name: str, from_file: dict[str, SymbolSpec]) -> None:
+    """A --dynamic symbol the model file does not use, but close to one it does, is a misspelling."""
+    if name in from_file or not from_file:
+        return
+    hint = did_you_mean(name, from_file)
+    if hint:
+        raise DynamicSpecError(f"--dynamic {text!r}: the model file's dynamic_shapes has no symbol {name!r}{hint}; "
+                               f"its symbols are {sorted(from_file)}. Fix the spelling, or give a new symbol its "
+                               f"places with @INPUT.DIM", symbol=name, expected=sorted(from_file), got=name)
+
+
+def _check_none_dropped(from_file: dict[str, SymbolSpec], places: Placement, cli_specs: list[str]) -> None:
+    """Every symbol of the model file keeps a place: a --dynamic flag that takes all of a file symbol's places
+    would drop its range silently, so it is an error naming both."""
+    used = {parse_dim_expr(t).root for dims in places.values() for t in dims.values()}
+    for name, sym in from_file.items():
+        if name in used:
+            continue
+        rng = f"{sym.min}..{'unbounded' if sym.max is None else sym.max}"
+        raise DynamicSpecError(
+            f"--dynamic {' '.join(repr(t) for t in cli_specs)} takes every place of the model file's symbol "
+            f"{name!r} (range {rng}), which would drop that range. Use --dynamic {name}=MIN:MAX to change its "
+            f"range, or place the new symbol elsewhere with @INPUT.DIM", symbol=name, expected=[sym.min, sym.max])
 
 
 def _check_examples(input_names, examples, symbols, places) -> None:

@@ -110,12 +110,14 @@ class Lowering:
         idx = tuple(ir.ivar(k) for k in range(len(ref.shape)))
         return self.pointwise(ref.shape, ref.dtype, ref.load(idx))
 
-    def unsupported(self, what: str) -> UnsupportedOpError:
+    def unsupported(self, what: str, op: str | None = None) -> UnsupportedOpError:
+        """The error for ``what`` at the current node; ``op`` is the op's bare name (``aten.sort.default``) for the
+        error's ``op`` field, else ``what``."""
         src = self.source()
         where = f"\n  at {src}" if src else ""
         return UnsupportedOpError(f"cannot export {what}{where}\nThis op (or this use of it) has no lowering yet; "
                                   f"rewrite that line with supported ops or file an issue with this message.",
-                                  op=what, source=src)
+                                  op=op or what, source=src)
 
     # --- the walk -----------------------------------------------------------------------------------------
 
@@ -175,14 +177,14 @@ class Lowering:
             return _SYM_OPS[target](*args)
         rule = self.rules.lookup(target)
         if rule is None:
-            raise self.unsupported(f"op {_op_name(target)}")
+            raise self.unsupported(f"op {_op_name(target)}", _op_name(target))
         val = node.meta.get("val")
         try:
             return rule(self, node, val, *args, **kwargs)
         except UnsupportedOpError:
             raise
         except NotImplementedError as e:
-            raise self.unsupported(f"op {_op_name(target)} ({e})") from e
+            raise self.unsupported(f"op {_op_name(target)} ({e})", _op_name(target)) from e
 
     def finish_outputs(self, node, env) -> list[str]:
         ep = self.cap.program

@@ -14,6 +14,7 @@ from tcexport.formats.graphs import INFERENCE, CpuPart, Graph
 from tcexport.formats.manifest import CPU_ABI_VERSION, FORMAT_VERSION, KernelBundle, Manifest
 from tcexport.packager.package import Package
 
+from .selfcheck import example_call
 from tcexport.exporter.cpu.build import ISA_LEVELS, LIBRARIES, compiler, compiler_version
 from tcexport.exporter.schedule.memory import ITEMSIZE
 
@@ -27,9 +28,10 @@ from .weights import weights_bytes
 TCEXPORT_VERSION = "0.1.0"
 
 
-def package(r, model_name: str, embed_onnx: bool = False) -> Package:
+def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (None, {})) -> Package:
     """The package of the pipeline's results ``r`` (pipeline.Results), named ``model_name``; ``embed_onnx`` stores the ONNX export
-    in the archive too. Raises FormatError if the manifest's interface differs from the compiled-in one."""
+    in the archive too; ``model_info`` is the model's (version, metadata) for the manifest. Raises FormatError if
+    the manifest's interface differs from the compiled-in one."""
     g, cpu = r.inference, r.cpu
     face = interface(r, cpu.blas if cpu else ())
     members = {names.WEIGHTS_FILE: weights_bytes(g),
@@ -75,12 +77,14 @@ def package(r, model_name: str, embed_onnx: bool = False) -> Package:
         sources=tuple(sources + training_sources),
         onnx=onnx,
         trainable=tuple(r.training.trainable) if r.training is not None else (),
+        model_version=model_info[0],
+        metadata=dict(model_info[1]),
     )
     if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
                           "tcexport bug; please report it with the model)")
     return Package(manifest, members, dict(r.timings), r.onnx[0] if r.onnx else None, tuple(g.captured.notes),
-                   reference=g.captured.reference)
+                   reference=g.captured.reference, check=example_call(r.job.spec.example_inputs))
 
 
 def _cpu_bundles(cpu, members: dict) -> list[KernelBundle]:
