@@ -5,7 +5,8 @@ Many callers (a server's request handlers, threads, asyncio tasks) each bring a 
 concatenated costs far less than as many calls (the weights are read once, the threads wake once). A Batcher owns
 one runner thread per model, the only thread that calls it, so the model's own thread pool has the cores to itself
 however many callers wait. The runner takes the first waiting request, waits up to ``max_delay_ms`` for more (or
-until the batch limit's rows are there), and hands them to ``RequestRunner`` (request_runner.py): each request
+until the batch limit's rows are there; by default it does not wait, as Triton's dynamic batcher by default does not: the
+requests that queue while a call runs form the next batch), and hands them to ``RequestRunner`` (request_runner.py): each request
 checked alone first, the good ones merged by ``merge_key`` up to the limit, run once and split back, a failure kept
 to the request that caused it. While a call runs, new requests queue up and form the next batch, so under load the
 batches grow by themselves and with one caller nothing waits longer than the delay.
@@ -57,11 +58,11 @@ _STOP = object()
 
 
 class Batcher:
-    """``Batcher(model, max_batch=None, max_delay_ms=2.0)``; call it like the model (blocking), ``submit`` for a
+    """``Batcher(model, max_batch=None, max_delay_ms=0)``; call it like the model (blocking), ``submit`` for a
     ``concurrent.futures.Future``, ``await infer(...)`` from asyncio. ``on_batch(BatchRecord)`` sees every call
     made (for metrics). ``close()`` finishes what is queued, then stops the runner."""
 
-    def __init__(self, model, max_batch: int | None = None, max_delay_ms: float = 2.0, on_batch=None):
+    def __init__(self, model, max_batch: int | None = None, max_delay_ms: float = 0.0, on_batch=None):
         if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, (int, float)) or max_delay_ms < 0:
             raise TcError(f"max_delay_ms should be a number >= 0, got {max_delay_ms!r}")
         self.model = model

@@ -22,8 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows one merged call carries (default: the "
                    "batch symbol's upper bound)")
-    p.add_argument("--max-delay-ms", type=float, default=2.0, help="how long a request waits for others to merge "
-                   "with (default 2; 0 merges only what is already queued)")
+    p.add_argument("--max-delay-ms", type=float, default=0.0, help="how long a request may wait for others to "
+                   "merge with (default 0: no waiting; requests that queue while a call runs merge anyway)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--workers", type=int, default=1, help="server processes sharing the port, each with its share "
                    "of the cores (default 1)")

@@ -38,10 +38,12 @@ class ServeConfig:
     log_level: str = "info"
 
 
-def build_app(config: ServeConfig):
+def build_app(config: ServeConfig, load_model=None):
+    """The app for ``config``; ``load_model(path, options)`` replaces the loader as the models' factory (the
+    load test serves ONNX Runtime sessions through the same app, repository and Batcher)."""
     metrics = Metrics()
     repository = Repository(list(config.sources), config.options, on_batch=metrics.on_batch,
-                            on_versions=lambda name, n: metrics.loaded.labels(name).set(n))
+                            on_versions=lambda name, n: metrics.loaded.labels(name).set(n), load_model=load_model)
     return create_app(repository, metrics, config.max_body_bytes, _version(), config.poll_seconds)
 
 
@@ -70,7 +72,7 @@ class _Server(uvicorn.Server):
         getattr(self, "_captured_signals", []).clear()
 
 
-def serve(config: ServeConfig) -> int:
+def serve(config: ServeConfig, load_model=None) -> int:
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.workers > 1:
@@ -81,7 +83,7 @@ def serve(config: ServeConfig) -> int:
                     workers=config.workers, log_level=config.log_level,
                     timeout_graceful_shutdown=int(config.graceful_seconds))
         return 0
-    app = build_app(config)
+    app = build_app(config, load_model)
     server = _Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                     timeout_graceful_shutdown=int(config.graceful_seconds)), app.state.serving)
     server.run()
