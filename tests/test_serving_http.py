@@ -274,3 +274,11 @@ def test_sigterm_drains_requests_in_flight(packages, tmp_path):
     assert [r.status_code for r in responses] == [200] * 8
     server.proc.wait(timeout=60)
     assert server.proc.returncode == 0
+
+
+def test_tcpkg_hands_serve_to_the_serving_package():
+    tcpkg = shutil.which("tcpkg") or str(Path(sys.executable).parent / "tcpkg")
+    out = subprocess.run([tcpkg, "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "PKG_OR_REPO" in out.stdout, out.stderr
+    bad = subprocess.run([tcpkg, "serve", "/nonexistent.tcpkg"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no such package file" in bad.stderr
