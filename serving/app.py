@@ -70,31 +70,7 @@ def create_app(repository: Repository, metrics: Metrics, max_body_bytes: int, ve
             return JSONResponse(error_body(e), status_code=404)
         return JSONResponse({"ready": True})
 
-    async def infer(request: Request):
-        started = time.perf_counter()
-        name = request.path_params["name"]
-        status, version = 500, request.path_params.get("version") or "latest"
-        try:
-            entry = repository.get(name, request.path_params.get("version"))
-            version = entry.version
-            header, binary = split_body(await _body(request, max_body_bytes), request.headers.get(HEADER))
-            arrays = decode_inputs(header, binary, entry.model.manifest)
-            outputs = await entry.batcher.infer(*arrays)
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            every, named = wants_binary(header)
-            content, headers = encode_response(outputs, entry.model.manifest, name, version, header.get("id"),
-                                               every, named)
-            status = 200
-            return Response(content, status_code=200, headers=headers,
-                            media_type="application/octet-stream" if headers else "application/json")
-        except Exception as e:  # noqa: BLE001 - every failure is this request's answer, never the server's
-            status = _status(e)
-            if status >= 500:
-                log.exception("request to %s failed", name)
-            return JSONResponse(_public_error(e, status), status_code=status)
-        finally:
-            metrics.requests.labels(name, version, str(status)).inc()
-            metrics.latency.labels(name).observe(time.perf_counter() - started)
+    infer = _infer_handler(repository, metrics, max_body_bytes)
 
     async def prometheus(request: Request):
         for name in repository.names():
@@ -123,6 +99,38 @@ def create_app(repository: Repository, metrics: Metrics, max_body_bytes: int, ve
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.serving = state  # the server flips "draining" on SIGTERM, so /v2/health/ready turns 503
     return app
+
+
+def _infer_handler(repository: Repository, metrics: Metrics, max_body_bytes: int):
+    """POST .../infer: decode, run on the version's Batcher, encode; every failure is this request's answer."""
+
+    async def infer(request: Request):
+        started = time.perf_counter()
+        name = request.path_params["name"]
+        status, version = 500, request.path_params.get("version") or "latest"
+        try:
+            entry = repository.get(name, request.path_params.get("version"))
+            version = entry.version
+            header, binary = split_body(await _body(request, max_body_bytes), request.headers.get(HEADER))
+            arrays = decode_inputs(header, binary, entry.model.manifest)
+            outputs = await entry.batcher.infer(*arrays)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            every, named = wants_binary(header)
+            content, headers = encode_response(outputs, entry.model.manifest, name, version, header.get("id"),
+                                               every, named)
+            status = 200
+            return Response(content, status_code=200, headers=headers,
+                            media_type="application/octet-stream" if headers else "application/json")
+        except Exception as e:  # noqa: BLE001 - every failure is this request's answer, never the server's
+            status = _status(e)
+            if status >= 500:
+                log.exception("request to %s failed", name)
+            return JSONResponse(_public_error(e, status), status_code=status)
+        finally:
+            metrics.requests.labels(name, version, str(status)).inc()
+            metrics.latency.labels(name).observe(time.perf_counter() - started)
+
+    return infer
 
 
 async def _body(request: Request, limit: int) -> bytes:
