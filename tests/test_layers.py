@@ -29,6 +29,7 @@ ROOMS = [
     {"pipeline"},                                   # the stage lists
     {"tune"},                                       # --autotune: a tool that runs the pipeline and measures
     {"__init__"},                                   # the public API: export(), which may call the tuning tool
+    {"prebuild"},                                   # many exports in one call, for CI
     {"cli"},                                        # the command line
 ]
 TORCH_FREE = {"formats", "loader", "packager", "serving"}
