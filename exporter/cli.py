@@ -43,8 +43,13 @@ def build_parser() -> ArgumentParser:
     """Every tcexport option, declared once with its type, default and help."""
     p = ArgumentParser(prog=TOOL, description="Export MODEL.py into a .tcpkg archive.", epilog=EXIT_CODES)
     add_version(p, TOOL)
-    p.add_argument("model_file", type=Path, metavar="MODEL.py", help="Python file defining model() and "
-                   "example_inputs() (and optionally dynamic_shapes)")
+    p.add_argument("model_files", type=Path, nargs="*", metavar="MODEL.py", help="Python file defining model() "
+                   "and example_inputs() (and optionally dynamic_shapes); several files (or --models) build one "
+                   "package each into the folder -o names")
+    p.add_argument("--models", type=Path, metavar="LIST", help="a model list for CI prebuilds: one model per line, "
+                   "MODEL.py [--target T] [--dynamic D]... [--precision P] [-o OUT] (see examples/ci/models.txt)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="with several models, how many build at once "
+                   "(each in its own process; default 1)")
     p.add_argument("-d", "--dynamic", action="append", default=[], metavar="SPEC",
                    help="dynamic dims: batch, batch=1:512, seq=1:2048@ids.1,mask.1, derived 2*seq@pairs.1 "
                    "(repeatable)")
@@ -99,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             e.usage = parser.format_usage()
             raise
         require_export_extra()
+        if args.models is not None or len(args.model_files) > 1:
+            reporter.command = "prebuild"
+            with stdout_to_stderr(reporter):
+                return prebuild(args, reporter)
+        if len(args.model_files) != 1:
+            raise UsageError("name a MODEL.py to export (or several, or --models LIST)", parser.format_usage())
+        args.model_file = args.model_files[0]
         with stdout_to_stderr(reporter):
             return export(args, metadata, reporter)
     except TcError as e:
@@ -110,6 +122,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return reporter.failure(e, INTERNAL_ERROR, type_name="InternalError", message=(
             f"tcexport failed with {type(e).__name__}: {e} (a tcexport bug; please report it with the traceback "
             "printed on stderr)"))
+
+
+def prebuild(args, reporter: Reporter) -> int:
+    """Several packages in one call (exporter/prebuild.py): the list's models, then the files named on the command
+    line with this command line's --target/--dynamic/--precision; one summary; exit 0 only when every one built."""
+    from tcexport.exporter.prebuild import BuildItem, prebuild as build_all, read_list
+
+    items = read_list(args.models) if args.models is not None else []
+    items += [BuildItem(str(f), args.target, tuple(args.dynamic), None, args.precision) for f in args.model_files]
+    quiet = args.quiet or args.json
+
+    def progress(r) -> None:
+        if not quiet:
+            state = f"ok ({human_bytes(r.bytes)})" if r.ok else f"FAILED: {r.error}: {r.message.splitlines()[0]}"
+            print(f"  {r.package}  {r.seconds:6.1f} s  {state}", file=sys.stderr, flush=True)
+
+    summary = build_all(items, args.output or Path("."), jobs=args.jobs, sign_key=args.sign_key, on_item=progress)
+    failed = [p for p in summary["packages"] if not p["ok"]]
+    return reporter.success(summary, exit_code=failed[0]["exit_code"] if failed else 0)
 
 
 def parse_meta(items: list[str]) -> dict[str, str]:

@@ -83,3 +83,19 @@ def test_the_example_workflow_names_the_steps_tested_here():
     assert {i.targets for i in items} == {"cpu", "cuda:sm_80,sm_90"}
     assert all(i.output_path(ROOT, True).name.endswith(".tcpkg") and __import__("os").path.isfile(i.model)
                for i in items)
+
+
+def test_cli_builds_several_files_into_one_json_summary(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\ndef model():\n    return torch.nn.Linear(4, 4)\n")
+    out = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(EXAMPLES / "mlp.py"), str(broken),
+                          "-o", str(tmp_path / "dist"), "--jobs", "2", "--json"], capture_output=True, text=True,
+                         timeout=600)
+    doc = json.loads(out.stdout)  # exactly one JSON document on stdout
+    assert doc["schema_version"] == 1 and doc["command"] == "prebuild"
+    assert (doc["built"], doc["failed"]) == (1, 1) and out.returncode == doc["exit_code"] == 11
+    assert (tmp_path / "dist" / "mlp.tcpkg").is_file()
