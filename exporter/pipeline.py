@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from tcexport.exporter.errors import ExportError, output_error
+from tcexport.exporter.errors import CaptureError, ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
 from tcexport.exporter.options import CudaOptions
 
@@ -301,7 +301,12 @@ def run_stages(job: Job, dump: Path | None = None,
     r = Results(job)
     for stage in stages(job):
         t0 = time.perf_counter()
-        text = stage.run(r)
+        try:
+            text = stage.run(r)
+        except CaptureError as e:  # torch's full report (graph dumps included) belongs in the dump, not stderr
+            if dump is not None and e.torch_log:
+                _write_dump(dump / "capture_log.txt", e.torch_log)
+            raise
         r.timings[stage.name] = time.perf_counter() - t0
         if dump is not None:
             _write_dump(dump / stage.dump, text)

@@ -70,4 +70,4 @@ def test_unsupported_op_names_op_and_source_line():
     msg = str(info.value)
     line = next(k for k, text in enumerate((MODELS / "unsupported.py").read_text().splitlines(), 1) if "sort(y" in text)
     assert "sort" in msg and f"unsupported.py:{line}" in msg and "torch.sort(y, dim=-1)" in msg
-    assert info.value.op.startswith("op aten.sort")
+    assert info.value.op.startswith("aten.sort")

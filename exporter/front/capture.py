@@ -26,8 +26,8 @@ import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
-from tcexport.exporter.front import relations
-from tcexport.exporter.errors import CaptureError, SpecializedDimError
+from tcexport.exporter.front import diagnose, relations, torch_logs
+from tcexport.exporter.errors import CaptureError, ExampleSizeOneError, SpecializedDimError
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.model_file import ModelSpec
 
@@ -58,6 +58,7 @@ class Captured:
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
     reference: object = None                    # --precision: the module the package computes (autocast.py)
+    draft_failures: list = field(default_factory=list)  # draft=True: what draft export got past (_draft_findings)
 
 
 def decomposition_table():
@@ -113,12 +114,16 @@ def _laid_out_like(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     return out.permute(perm).contiguous().permute(inverse)
 
 
-def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None) -> Captured:
+def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None,
+            draft: bool = False) -> Captured:
     """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
     then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
     (a training package shares these weights with its training graphs, where each is a parameter of its own).
     ``precision`` ("bf16", "fp16") captures the model as it computes under autocast (autocast.py): a first
-    export at the op level autocast works on, the casts made explicit, then the export every model gets."""
+    export at the op level autocast works on, the casts made explicit, then the export every model gets.
+    ``draft=True`` (``tcexport --report``) captures with torch.export.draft_export, which goes on past
+    data-dependent guards: ``draft_failures`` lists them (torch's FailureReports) and the program is the one the
+    example took, so lowering can still list the ops it lacks. Never packaged."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
@@ -127,44 +132,94 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
         first, _ = _export_accepting_fixes(spec, symbols, places, accepted, decompose=False)
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
-    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
+    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename)
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
+    failures = _draft_findings(ep) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference)
+                    folded, reference, failures)
 
 
 MAX_FIX_ROUNDS = 4
 
 
-def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True):
+def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True,
+                            draft: bool = False):
     """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
     divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again.
     Returns the decomposed program and the dynamic_shapes that worked (the ONNX export reuses them)."""
-    for round_ in range(MAX_FIX_ROUNDS):
-        shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
-                                                 accepted.rewrites)
-        try:
-            with torch.no_grad():
-                ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-                return (ep.run_decompositions(decomposition_table()) if decompose else ep), shapes
-        except Exception as e:  # torch's own message explains the constraint or the unsupported construct
-            error = e
-            if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
-                try:
-                    relations.accept_fixes(str(e), symbols, places, accepted)
-                    continue
-                except SpecializedDimError:
-                    raise
-                except CaptureError:
-                    pass
-            break
-    raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
-                       f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
+    with torch_logs.kept() as log:  # torch's graph dumps go into the error, not onto stderr
+        for round_ in range(MAX_FIX_ROUNDS):
+            shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                                     accepted.rewrites)
+            try:
+                with torch.no_grad():
+                    ep = _exporter(draft)(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+                    return _decomposed(ep) if decompose else ep, shapes
+            except Exception as e:  # torch's own message explains the constraint or the unsupported construct
+                error = e
+                log.withhold(e)
+                if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
+                    try:
+                        relations.accept_fixes(str(e), symbols, places, accepted)
+                        continue
+                    except SpecializedDimError as s:
+                        raise _size_one_example(s, spec) from e
+                    except CaptureError:
+                        pass
+                break
+    raise diagnose.capture_error(error, str(spec.path), log.lines) from error
+
+
+def _exporter(draft: bool):
+    if not draft:
+        return torch.export.export
+    try:
+        return torch.export.draft_export
+    except AttributeError:  # torch before 2.7
+        raise CaptureError(f"--report needs torch.export.draft_export (torch 2.7 or newer); this is torch "
+                           f"{torch.__version__}. Export without --report to see the first problem.") from None
+
+
+def _draft_findings(ep) -> list[dict]:
+    """torch's draft export report as plain records: ``kind`` (torch's failure type, e.g.
+    DATA_DEPENDENT_ERROR), ``expr``, ``stack`` (the user stack's frames: file, line, name, code) and ``text``."""
+    report = getattr(ep, "_report", None)
+    names = getattr(report, "str_to_filename", None) or {}
+    out = []
+    for f in getattr(report, "failures", None) or []:
+        data = f.data if isinstance(getattr(f, "data", None), dict) else {}
+        stack = [{"file": str(names.get(fr.get("filename"), fr.get("filename"))), "line": fr.get("line"),
+                  "name": fr.get("name"), "code": (fr.get("loc") or "").strip()}
+                 for fr in data.get("user_stack") or [] if isinstance(fr, dict)]
+        kind = getattr(f.failure_type, "name", str(f.failure_type))
+        out.append({"kind": kind, "expr": str(data.get("expr", "?")), "stack": stack, "text": str(f)})
+    return out
+
+
+def _decomposed(ep):
+    out = ep.run_decompositions(decomposition_table())
+    if hasattr(ep, "_report") and not hasattr(out, "_report"):  # draft export's findings ride on the program
+        out._report = ep._report
+    return out
+
+
+def _size_one_example(e: SpecializedDimError, spec: ModelSpec) -> SpecializedDimError:
+    """A dim "fixed to the constant 1" whose example size is 1: the example is at fault, not the model code."""
+    if e.value != 1 or e.input not in spec.input_names or e.dim is None:
+        return e
+    example = spec.example_inputs[spec.input_names.index(e.input)]
+    if not isinstance(example, torch.Tensor) or e.dim >= example.dim() or example.shape[e.dim] != 1:
+        return e
+    return ExampleSizeOneError(
+        f"input {e.input!r} dim {e.dim} is declared dynamic as {e.symbol!r}, but the example input has size 1 "
+        f"there; torch.export treats a size-1 example dim as the constant 1 (it broadcasts), so it cannot stay "
+        f"dynamic. Fix: use an example batch of at least 2 (make example_inputs() return size 2 or more in "
+        f"{e.input}.{e.dim}).", input=e.input, dim=e.dim, symbol=e.symbol, reason=e.reason)
 
 
 def _check_sizes_known(ep, rename) -> None:
