@@ -1,5 +1,5 @@
 """`tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify]
-[--autotune [--autotune-at SIZES]... | --tuning PKG]`.
+[--autotune [--autotune-at SIZES]... | --tuning PKG] [--report]`.
 
 Exit codes: 0 success; 2 usage error; 10-17 export errors (see exporter/errors.py: 11 model file, 12 dynamic
 spec, 13 capture, 14 unsupported op, 15 build, 16 ONNX export, 17 output: the package, the ONNX file, the --dump
@@ -64,6 +64,9 @@ def export(
                                           ".tcpkg (made with --autotune): no GPU needed, same archive"),
     sign_key: Optional[Path] = typer.Option(None, "--sign-key", help="sign the package with this ed25519 private "
                                             "key (PEM; openssl genpkey -algorithm ed25519 -out KEY.pem)"),
+    report: bool = typer.Option(False, "--report", help="write nothing; list everything that blocks the export "
+                                "(data-dependent lines, unsupported ops, ...) in one pass; exit 0 when nothing "
+                                "does, else the export's error code"),
 ) -> None:
     """Export MODEL.py into a .tcpkg archive."""
     from tcexport.exporter import export as export_model, pipeline
@@ -75,8 +78,10 @@ def export(
     t0 = time.perf_counter()
     try:
         if not quiet:
-            print(f"exporting {model_file} -> {out}", file=sys.stderr)
+            print(f"checking {model_file}" if report else f"exporting {model_file} -> {out}", file=sys.stderr)
         spec = load_model_file(model_file)
+        if report:
+            _report(spec, model_file, dynamic, target, backward, grad_inputs, as_json)
         if sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
             from tcexport.formats.attestation import load_private_key
             load_private_key(sign_key, "--sign-key")
@@ -129,6 +134,25 @@ def export(
         traceback.print_exc()
         _fail("InternalError", f"tcexport failed with {type(e).__name__}: {e} (a tcexport bug; please report it "
               "with the traceback printed on stderr)", INTERNAL_ERROR, as_json)
+
+
+def _report(spec, model_file: Path, dynamic, target: str, backward: bool, grad_inputs, as_json: bool) -> None:
+    """--report: exporter/report.py's blockers, as text on stderr or a list in the JSON summary."""
+    from tcexport.exporter.pipeline import parse_targets
+    from tcexport.exporter.report import report
+
+    blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(target), dynamic=dynamic,
+                      source_path=str(model_file), backward=backward,
+                      grad_inputs=[n.strip() for g in grad_inputs for n in g.split(",") if n.strip()])
+    code = blockers[0].exit_code if blockers else 0
+    if as_json:
+        print(json.dumps({"ok": not blockers, "report": True, "exit_code": code,
+                          "blockers": [b.to_json() for b in blockers]}, indent=1))
+    else:
+        for k, b in enumerate(blockers, 1):
+            print(f"blocker {k}/{len(blockers)} ({b.error}, exit {b.exit_code}): {b.message}\n", file=sys.stderr)
+        print(f"{model_file}: {len(blockers) or 'nothing'} blocking the export", file=sys.stderr)
+    raise typer.Exit(code)
 
 
 def _fail(error: str, message: str, exit_code: int, as_json: bool) -> None:

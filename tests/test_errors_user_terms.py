@@ -107,3 +107,24 @@ def test_report_lists_every_blocker_in_one_pass():
     one = _report(MODELS / "batch_one.py")
     assert [(b.error, b.exit_code, b.to_json()["got"]) for b in one] == [("ExampleSizeOneError", 12, 1)]
     assert _report(EXAMPLES / "mlp.py") == []
+
+
+def _tcexport(*args):
+    return subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", *map(str, args)], capture_output=True,
+                          text=True)
+
+
+@pytest.mark.slow
+def test_cli_report_lists_blockers_and_exits_with_the_export_code(tmp_path):
+    out = tmp_path / "x.tcpkg"
+    r = _tcexport(MODELS / "unsupported_many.py", "--report", "--json", "-o", out)
+    body = json.loads(r.stdout)
+    assert r.returncode == 14 and body["ok"] is False and body["exit_code"] == 14, r.stderr
+    path = MODELS / "unsupported_many.py"
+    assert [(b["op"], b["line"]) for b in body["blockers"]] == [
+        ("aten.sort.default", _line(path, "unsupported 1")), ("aten.kthvalue.default", _line(path, "unsupported 2")),
+        ("aten.topk.default", _line(path, "unsupported 3"))]
+    assert not out.exists()  # a report writes nothing
+    r = _tcexport(MODELS / "data_branch.py", "--report")
+    assert r.returncode == 13 and "blocker 1/1 (DataDependentError" in r.stderr
+    assert "def forward" not in r.stderr and "guard_or_false" not in r.stderr  # (exit 0: report() == [] above)
