@@ -1,6 +1,7 @@
 """The compiler: capture → lower → fuse → plan → codegen → build. ``export()`` is the Python entry point: the
 pipeline's export (pipeline.py), with ``autotune=True`` first running the tuning tool (tune/autotune.py) and then
-building with the tuning it returned, as ``--tuning`` does."""
+building with the tuning it returned, as ``--tuning`` does. ``report()`` (blockers.py, ``tcexport --report``)
+lists everything that blocks an export in one pass, writing nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 from pathlib import Path
 
 from tcexport.exporter import pipeline
+from tcexport.exporter.blockers import Blocker, report
 from tcexport.exporter.errors import ExportError, output_error
 
-__all__ = ["export"]
+__all__ = ["export", "report", "Blocker"]
 
 
 def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *, autotune: bool = False,

@@ -137,9 +137,9 @@ def export(
 
 
 def _report(spec, model_file: Path, dynamic, target: str, backward: bool, grad_inputs, as_json: bool) -> None:
-    """--report: exporter/report.py's blockers, as text on stderr or a list in the JSON summary."""
+    """--report: exporter/blockers.py's list, as text on stderr or a list in the JSON summary."""
     from tcexport.exporter.pipeline import parse_targets
-    from tcexport.exporter.report import report
+    from tcexport.exporter.blockers import report
 
     blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(target), dynamic=dynamic,
                       source_path=str(model_file), backward=backward,

@@ -17,7 +17,7 @@ from tcexport.exporter import errors as E
 from tcexport.exporter.front import torch_logs
 from tcexport.exporter.front.model_file import load_model_file
 from tcexport.exporter.pipeline import export
-from tcexport.exporter.report import report
+from tcexport.exporter import report
 
 
 def _line(path, marker: str) -> int:
@@ -57,6 +57,14 @@ def test_item_named_at_user_line_with_value_fixes():
     e = info.value
     assert e.line == _line(MODELS / "data_item.py", "int(x[0, 0]") and ".item()" in e.code
     assert any("static dim" in f for f in e.fixes) and any("out of forward()" in f for f in e.fixes)
+
+
+def test_data_dependent_size_named_at_user_line():
+    with pytest.raises(E.DataDependentError) as info:
+        _export("data_size.py")
+    e = info.value
+    assert e.line == _line(MODELS / "data_size.py", "kept = x[x > 0]") and "x[x > 0]" in e.code and e.exit_code == 13
+    assert "torch.where" in str(e) and f"data_size.py:{e.line}" in str(e)
 
 
 def test_torch_logs_kept_restores_handlers_and_replays_other_stderr(capfd):

@@ -27,7 +27,7 @@ ROOMS = [
     {"package"},                                    # manifest and member bytes from the pipeline's results
     {"check"},                                      # --verify, the Triton interpreter, ONNX
     {"pipeline"},                                   # the stage lists
-    {"tune", "report"},                             # tools over the pipeline: --autotune measures, --report lists blockers
+    {"tune", "blockers"},                           # tools over the pipeline: --autotune measures, --report lists blockers
     {"__init__"},                                   # the public API: export(), which may call the tuning tool
     {"cli"},                                        # the command line
 ]

@@ -27,7 +27,8 @@ from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
 from tcexport.exporter.front import diagnose, relations, torch_logs
-from tcexport.exporter.errors import CaptureError, ExampleSizeOneError, SpecializedDimError
+from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSizeOneError, SpecializedDimError
+from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.model_file import ModelSpec
 
@@ -135,7 +136,7 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
-    _check_sizes_known(ep, rename)
+    _check_sizes_known(ep, rename, str(spec.path))
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
@@ -222,7 +223,9 @@ def _size_one_example(e: SpecializedDimError, spec: ModelSpec) -> SpecializedDim
         f"{e.input}.{e.dim}).", input=e.input, dim=e.dim, symbol=e.symbol, reason=e.reason)
 
 
-def _check_sizes_known(ep, rename) -> None:
+def _check_sizes_known(ep, rename, model_file: str | None = None) -> None:
+    """Every size is over the declared dims: a size from the data (``nonzero()``, ``x[mask]``, ``unique()``) is
+    a DataDependentError at the user's line."""
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -230,9 +233,18 @@ def _check_sizes_known(ep, rename) -> None:
                 if isinstance(s, torch.SymInt):
                     for free in s.node.expr.free_symbols:
                         if free not in rename:
-                            raise CaptureError(
-                                f"node {n.name} has a size depending on {free}, which is not one of the dynamic "
-                                f"dims you declared (data-dependent sizes are not supported yet)")
+                            raise _data_sized(n, free, model_file)
+
+
+def _data_sized(node, free, model_file: str | None) -> DataDependentError:
+    file, line, fn, code = frame_of(node, model_file) or (None, None, None, None)
+    where = f"{file}:{line} in {fn}: {code}" if file else f"node {node.name} (torch recorded no source line)"
+    fixes = ("keep the shape fixed: a mask multiplied in (x * mask) or torch.where(mask, x, 0) instead of "
+             "selecting with it", "or move the selection out of forward(): do it on the model's outputs")
+    return DataDependentError(
+        f"cannot export a tensor whose size depends on the data ({free}, from {node.target}), which is not one "
+        f"of the dynamic dims you declared\n  at {where}\nA package's sizes come from its input shapes. Fix:\n"
+        + "\n".join(f"  - {f}" for f in fixes), file=file, line=line, code=code, expr=str(free), fixes=fixes)
 
 
 def to_sympy(x, rename) -> sympy.Expr:
