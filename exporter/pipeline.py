@@ -115,8 +115,10 @@ def stage_capture(r: Results) -> str:
     captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
                                precision=r.job.precision)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
+    logged = "\n\n# torch's log during capture (kept off stderr)\n" + "\n".join(captured.torch_log) \
+        if captured.torch_log else ""
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
-        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items())
+        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items()) + logged
 
 
 def stage_autograd(r: Results) -> str:

@@ -60,6 +60,7 @@ class Captured:
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
     reference: object = None                    # --precision: the module the package computes (autocast.py)
     draft_failures: list = field(default_factory=list)  # draft=True: what draft export got past (_draft_findings)
+    torch_log: list = field(default_factory=list)  # what torch logged during capture (kept off stderr)
 
 
 def decomposition_table():
@@ -133,7 +134,8 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
         first, _ = _export_accepting_fixes(spec, symbols, places, accepted, decompose=False)
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
-    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft)
+    torch_log: list[str] = []
+    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft, log=torch_log)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename, str(spec.path))
@@ -142,18 +144,18 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
     failures = _draft_findings(ep) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference, failures)
+                    folded, reference, failures, torch_log)
 
 
 MAX_FIX_ROUNDS = 4
 
 
 def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True,
-                            draft: bool = False):
+                            draft: bool = False, log: list[str] | None = None):
     """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
     divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again.
     Returns the decomposed program and the dynamic_shapes that worked (the ONNX export reuses them)."""
-    with torch_logs.kept() as log:  # torch's graph dumps go into the error, not onto stderr
+    with torch_logs.kept(log) as log:  # torch's logs and graph dumps go into the error (or ``log``), not stderr
         for round_ in range(MAX_FIX_ROUNDS):
             shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
                                                      accepted.rewrites)

@@ -43,8 +43,8 @@ def _to_console(handler: logging.Handler) -> bool:
 class Kept:
     """What torch logged (``lines``) and the stderr texts not to replay (``withhold``)."""
 
-    def __init__(self):
-        self.lines: list[str] = []
+    def __init__(self, lines: list[str] | None = None):
+        self.lines: list[str] = [] if lines is None else lines
         self.withheld: list[str] = []
 
     def withhold(self, error: BaseException) -> None:
@@ -55,11 +55,12 @@ class Kept:
 
 
 @contextlib.contextmanager
-def kept():
-    """Within the block torch's log records go to the yielded ``Kept`` instead of their handlers (stderr), and
-    sys.stderr is buffered; on exit every logger has its own handlers again and sys.stderr is the stream it was,
-    whatever the block raised, and the buffered stderr text is written there without the withheld graphs."""
-    keep = Kept()
+def kept(into: list[str] | None = None):
+    """Within the block torch's log records go to the yielded ``Kept`` (its ``lines``: ``into`` when given)
+    instead of their handlers (stderr), and sys.stderr is buffered; on exit every logger has its own handlers
+    again and sys.stderr is the stream it was, whatever the block raised, and the buffered stderr text is
+    written there without the withheld graphs."""
+    keep = Kept(into)
     handler = _Keep(keep.lines)
     saved = [(lg, list(lg.handlers)) for lg in _torch_loggers()]
     buffer = io.StringIO()
