@@ -112,6 +112,10 @@ def test_report_lists_every_blocker_in_one_pass():
     data = _report(MODELS / "data_branch.py")  # draft export goes past the data-dependent line
     assert [b.error for b in data] == ["DataDependentError"], data  # its leftover .item() is no second blocker
     assert data[0].line == _line(MODELS / "data_branch.py", "h.sum() > 0") and data[0].exit_code == 13
+    two, path = _report(MODELS / "data_two.py"), MODELS / "data_two.py"  # two data-dependent lines + an op
+    assert [(b.error, b.line) for b in two if b.error == "DataDependentError"] == [
+        ("DataDependentError", _line(path, "data-dependent 1")), ("DataDependentError", _line(path, "data-dependent 2"))]
+    assert ("aten.sort.default", _line(path, "# unsupported")) in [(b.op, b.line) for b in two]
     one = _report(MODELS / "batch_one.py")
     assert [(b.error, b.exit_code, b.to_json()["got"]) for b in one] == [("ExampleSizeOneError", 12, 1)]
     assert _report(EXAMPLES / "mlp.py") == []

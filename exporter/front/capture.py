@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from dataclasses import dataclass, field
+
+from pathlib import Path
 
 import sympy
 import torch
@@ -142,7 +145,7 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
-    failures = _draft_findings(ep) if draft else []
+    failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
                     folded, reference, failures, torch_log)
 
@@ -162,6 +165,8 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompos
             try:
                 with torch.no_grad():
                     ep = _exporter(draft)(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+                    if draft:  # read on the program torch reported about: decomposition renames its symbols
+                        ep._tc_findings = _draft_findings(ep, str(spec.path))
                     return _decomposed(ep) if decompose else ep, shapes
             except Exception as e:  # torch's own message explains the constraint or the unsupported construct
                 error = e
@@ -188,9 +193,11 @@ def _exporter(draft: bool):
                            f"{torch.__version__}. Export without --report to see the first problem.") from None
 
 
-def _draft_findings(ep) -> list[dict]:
+def _draft_findings(ep, model_file: str) -> list[dict]:
     """torch's draft export report as plain records: ``kind`` (torch's failure type, e.g.
-    DATA_DEPENDENT_ERROR), ``expr``, ``stack`` (the user stack's frames: file, line, name, code) and ``text``."""
+    DATA_DEPENDENT_ERROR), ``expr``, ``stack`` (the user stack's frames: file, line, name, code) and ``text``.
+    torch does not always record the user stack (its frame filter can drop every frame); the line is then the
+    one of the graph node that made the expression's data-dependent symbol (``item()`` and friends)."""
     report = getattr(ep, "_report", None)
     names = getattr(report, "str_to_filename", None) or {}
     out = []
@@ -200,14 +207,43 @@ def _draft_findings(ep) -> list[dict]:
                   "name": fr.get("name"), "code": (fr.get("loc") or "").strip()}
                  for fr in data.get("user_stack") or [] if isinstance(fr, dict)]
         kind = getattr(f.failure_type, "name", str(f.failure_type))
-        out.append({"kind": kind, "expr": str(data.get("expr", "?")), "stack": stack, "text": str(f)})
+        expr = str(data.get("expr", "?"))
+        mine = [fr for fr in stack if Path(fr["file"]).name == Path(model_file).name]
+        stack = mine or _defining_frames(ep, expr, model_file) or _quoted_frames(data, model_file) or stack
+        out.append({"kind": kind, "expr": expr, "stack": stack, "text": str(f)})
     return out
+
+
+def _quoted_frames(data: dict, model_file: str) -> list[dict]:
+    """The model file's line whose code torch quoted in the failure's ``frame_locals`` (``loc``)."""
+    locals_ = data.get("frame_locals")
+    loc = (locals_.get("loc") if isinstance(locals_, dict) else None) or ""
+    try:
+        lines = Path(model_file).read_text().splitlines()
+    except OSError:
+        return []
+    hits = [k for k, text in enumerate(lines, 1) if loc.strip() and text.strip() == loc.strip()]
+    return [{"file": model_file, "line": hits[0], "name": None, "code": loc.strip()}] if len(hits) == 1 else []
+
+
+def _defining_frames(ep, expr: str, model_file: str) -> list[dict]:
+    """The frames of the nodes whose value is one of ``expr``'s symbols (u0, zuf0: made by ``item()``)."""
+    names = set(re.findall(r"\b[a-z]*u[a-z]*\d+\b", expr))
+    frames = []
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        node = getattr(val, "node", None)
+        if node is not None and str(getattr(node, "expr", "")) in names:
+            frame = frame_of(n, model_file)
+            if frame is not None:
+                frames.append({"file": frame[0], "line": frame[1], "name": frame[2], "code": frame[3]})
+    return frames
 
 
 def _decomposed(ep):
     out = ep.run_decompositions(decomposition_table())
-    if hasattr(ep, "_report") and not hasattr(out, "_report"):  # draft export's findings ride on the program
-        out._report = ep._report
+    if hasattr(ep, "_tc_findings"):  # draft export's findings ride on the program
+        out._tc_findings = ep._tc_findings
     return out
 
 
