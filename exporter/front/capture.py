@@ -223,7 +223,7 @@ def _quoted_frames(data: dict, model_file: str) -> list[dict]:
     except OSError:
         return []
     hits = [k for k, text in enumerate(lines, 1) if loc.strip() and text.strip() == loc.strip()]
-    return [{"file": model_file, "line": hits[0], "name": None, "code": loc.strip()}] if len(hits) == 1 else []
+    return [{"file": model_file, "line": hits[0], "name": "?", "code": loc.strip()}] if len(hits) == 1 else []
 
 
 def _defining_frames(ep, expr: str, model_file: str) -> list[dict]:
