@@ -1,7 +1,9 @@
 """The compiler: capture → lower → fuse → plan → codegen → build. ``export()`` is the Python entry point: the
 pipeline's export (pipeline.py), with ``autotune=True`` first running the tuning tool (tune/autotune.py) and then
-building with the tuning it returned, as ``--tuning`` does. torch is imported when ``export`` is called, not when
-this package is, so ``tcexport --help`` and the missing-torch message work in a loader-only install."""
+building with the tuning it returned, as ``--tuning`` does. ``report()`` (blockers.py, ``tcexport --report``)
+lists everything that blocks an export in one pass, writing nothing. torch is imported when ``export`` or
+``report`` is called, not when this package is, so ``tcexport --help`` and the missing-torch message work in a
+loader-only install."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from tcexport.exporter.errors import ExportError, output_error
 
-__all__ = ["export"]
+__all__ = ["export", "report"]
 
 
 def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *, autotune: bool = False,
@@ -41,6 +43,14 @@ def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("
         if kw.get("progress") is not None:
             kw["progress"].stage_done("autotune", time.perf_counter() - t0)
     return pipeline.export(model, example_inputs, dynamic_shapes, targets, tuning=tuning, **kw)
+
+
+def report(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), **kw) -> list:
+    """Everything that blocks exporting ``model``, in one pass, as ``blockers.Blocker``s (empty: nothing does);
+    writes nothing. ``kw``: ``dynamic``, ``source_path``, ``backward``, ``grad_inputs`` as for ``export``."""
+    from tcexport.exporter.blockers import report as find_blockers
+
+    return find_blockers(model, example_inputs, dynamic_shapes, targets, **kw)
 
 
 _TUNE_ARGS = ("dynamic", "cache_dir", "source_path", "backward", "grad_inputs", "cuda_options", "precision")

@@ -77,6 +77,9 @@ def build_parser() -> ArgumentParser:
                    "(made with --autotune): no GPU needed, same archive")
     p.add_argument("--sign-key", type=Path, metavar="KEY.pem", help="sign the package with this ed25519 private "
                    "key (PEM; openssl genpkey -algorithm ed25519 -out KEY.pem)")
+    p.add_argument("--report", action="store_true", help="write nothing; list everything that blocks the export "
+                   "(data-dependent lines, unsupported ops, ...) in one pass; exit 0 when nothing does, else the "
+                   "export's error code")
     p.add_argument("--precision", choices=["bf16", "fp16"], help="export a float32 model as it computes under "
                    "torch.autocast(\"cuda\", dtype): GEMMs, convolutions and attention in 16 bits (float32 "
                    "accumulation), norms, softmax and reductions in float32, GEMM weights stored in 16 bits")
@@ -211,8 +214,10 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
     err: TextIO = sys.stderr
     t0 = time.perf_counter()
     if not quiet:
-        print(f"exporting {args.model_file} -> {out}", file=err)
+        print(f"checking {args.model_file}" if args.report else f"exporting {args.model_file} -> {out}", file=err)
     spec = load_model_file(args.model_file)
+    if args.report:
+        return _report(spec, args, reporter)
     if args.sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
         from tcexport.formats.attestation import load_private_key
         load_private_key(args.sign_key, "--sign-key")
@@ -250,6 +255,22 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
         if not report["ok"]:
             return _verify_failed(reporter, summary)
     return reporter.success(summary)
+
+
+def _report(spec, args, reporter: Reporter) -> int:
+    """--report: exporter/blockers.py's list, as text on stderr or a list in the JSON document."""
+    from tcexport.exporter import report
+    from tcexport.exporter.pipeline import parse_targets
+
+    blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(args.target),
+                      dynamic=args.dynamic, source_path=str(args.model_file), backward=args.backward,
+                      grad_inputs=[n.strip() for g in args.grad_inputs for n in g.split(",") if n.strip()])
+    code = blockers[0].exit_code if blockers else 0
+    if not reporter.as_json:
+        for k, b in enumerate(blockers, 1):
+            print(f"blocker {k}/{len(blockers)} ({b.error}, exit {b.exit_code}): {b.message}\n", file=sys.stderr)
+        print(f"{args.model_file}: {len(blockers) or 'nothing'} blocking the export", file=sys.stderr)
+    return reporter.success({"report": True, "blockers": [b.to_json() for b in blockers]}, exit_code=code)
 
 
 def _save(pkg, out: Path, sign_key) -> None:

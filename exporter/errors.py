@@ -32,20 +32,54 @@ class DynamicSpecError(ExportError):
 
 
 class CaptureError(ExportError):
-    """torch.export could not capture the model (data-dependent control flow, a constraint violation, ...)."""
+    """torch.export could not capture the model (data-dependent control flow, a constraint violation, ...).
+    ``torch_log`` holds what torch logged and said in full (its graph dump included), for ``--dump``."""
 
     exit_code = 13
+    torch_log: str | None = None
+
+
+class DataDependentError(CaptureError):
+    """The model's control flow or a size depends on a tensor's values (``if x.sum() > 0:``, ``.item()``,
+    ``nonzero()``), which an ahead-of-time graph cannot follow. ``file``/``line``/``code`` name the user's line,
+    ``expr`` is the value-dependent expression torch met, ``fixes`` the rewrites that exist for it."""
+
+    def __init__(self, message: str, *, file: str | None, line: int | None, code: str | None, expr: str,
+                 fixes: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.file = file
+        self.line = line
+        self.code = code
+        self.expr = expr
+        self.fixes = fixes
 
 
 class UnsupportedOpError(ExportError):
-    """The lowering has no rule for an op (or for this use of it). Names the op and the user's source line."""
+    """The lowering has no rule for an op (or for this use of it). Names the op and the user's source line;
+    ``file``/``line`` are that line's parts. A graph with several such ops raises one error for all of them:
+    ``ops`` lists every one (each an UnsupportedOpError), ``op``/``source`` are the first's."""
 
     exit_code = 14
 
-    def __init__(self, message: str, *, op: str, source: str | None = None):
+    def __init__(self, message: str, *, op: str, source: str | None = None, file: str | None = None,
+                 line: int | None = None, ops: list | None = None):
         super().__init__(message)
         self.op = op
         self.source = source
+        self.file = file
+        self.line = line
+        self.ops = ops if ops is not None else [self]
+
+
+def unsupported_ops_error(errors: list[UnsupportedOpError]) -> UnsupportedOpError:
+    """One error for every unsupported op of a graph, each with its line, so a user fixes them in one round."""
+    if len(errors) == 1:
+        return errors[0]
+    lines = "\n".join(f"  - {e.op}" + (f" at {e.source}" if e.source else "") for e in errors)
+    first = errors[0]
+    return UnsupportedOpError(f"cannot export {len(errors)} ops (or uses of them) that have no lowering yet:\n"
+                              f"{lines}\nRewrite those lines with supported ops, or file an issue with this message.",
+                              op=first.op, source=first.source, file=first.file, line=first.line, ops=list(errors))
 
 
 class DuplicateRuleError(ExportError):
@@ -119,3 +153,14 @@ class SpecializedDimError(DynamicSpecError):
         self.symbol = symbol
         self.value = value
         self.reason = reason
+
+
+class ExampleSizeOneError(SpecializedDimError):
+    """A dim declared dynamic has size 1 in the example inputs: torch.export treats a size-1 example dim as the
+    constant 1 (broadcasting makes 1 special), so the dim cannot stay dynamic. The fix is an example of size 2
+    or more, not a change to the model; ``expected``/``got`` say so in numbers."""
+
+    def __init__(self, message: str, *, input: str | None, dim: int | None, symbol: str, reason: str):
+        super().__init__(message, input=input, dim=dim, symbol=symbol, value=1, reason=reason)
+        self.expected = ">= 2"
+        self.got = 1

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from tcexport.exporter.errors import ExportError, output_error
+from tcexport.exporter.errors import CaptureError, ExportError, output_error
 from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
 from tcexport.exporter.options import CudaOptions
 from tcexport.exporter.progress import Progress
@@ -117,8 +117,10 @@ def stage_capture(r: Results) -> str:
     captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
                                precision=r.job.precision)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
+    logged = "\n\n# torch's log during capture (kept off stderr)\n" + "\n".join(captured.torch_log) \
+        if captured.torch_log else ""
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
-        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items())
+        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items()) + logged
 
 
 def stage_autograd(r: Results) -> str:
@@ -321,7 +323,12 @@ def run_stages(job: Job, dump: Path | None = None,
     for stage in stages(job):
         t0 = time.perf_counter()
         r.progress.stage(stage.name, stage.detail(r))
-        text = stage.run(r)
+        try:
+            text = stage.run(r)
+        except CaptureError as e:  # torch's full report (graph dumps included) belongs in the dump, not stderr
+            if dump is not None and e.torch_log:
+                _write_dump(dump / "capture_log.txt", e.torch_log)
+            raise
         r.timings[stage.name] = time.perf_counter() - t0
         if dump is not None:
             _write_dump(dump / stage.dump, text)

@@ -27,7 +27,7 @@ ROOMS = [
     {"package"},                                    # manifest and member bytes from the pipeline's results
     {"check"},                                      # --verify, the Triton interpreter, ONNX
     {"pipeline"},                                   # the stage lists
-    {"tune"},                                       # --autotune: a tool that runs the pipeline and measures
+    {"tune", "blockers"},                           # tools over the pipeline: --autotune measures, --report lists blockers
     {"__init__"},                                   # the public API: export(), which may call the tuning tool
     {"prebuild"},                                   # many exports in one call, for CI
     {"cli"},                                        # the command line

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from dataclasses import dataclass, field
+
+from pathlib import Path
 
 import sympy
 import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
-from tcexport.exporter.front import relations
-from tcexport.exporter.errors import CaptureError, SpecializedDimError
+from tcexport.exporter.front import diagnose, relations, torch_logs
+from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSizeOneError, SpecializedDimError
+from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.model_file import ModelSpec
 
@@ -58,6 +62,8 @@ class Captured:
     dynamic_shapes: dict | None = None          # the torch.export dynamic_shapes that succeeded, fixes included
     folded: list = field(default_factory=list)  # graph rewrites done before lowering (batch norms folded, ...)
     reference: object = None                    # --precision: the module the package computes (autocast.py)
+    draft_failures: list = field(default_factory=list)  # draft=True: what draft export got past (_draft_findings)
+    torch_log: list = field(default_factory=list)  # what torch logged during capture (kept off stderr)
 
 
 def decomposition_table():
@@ -113,12 +119,16 @@ def _laid_out_like(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     return out.permute(perm).contiguous().permute(inverse)
 
 
-def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None) -> Captured:
+def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None,
+            draft: bool = False) -> Captured:
     """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
     then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
     (a training package shares these weights with its training graphs, where each is a parameter of its own).
     ``precision`` ("bf16", "fp16") captures the model as it computes under autocast (autocast.py): a first
-    export at the op level autocast works on, the casts made explicit, then the export every model gets."""
+    export at the op level autocast works on, the casts made explicit, then the export every model gets.
+    ``draft=True`` (``tcexport --report``) captures with torch.export.draft_export, which goes on past
+    data-dependent guards: ``draft_failures`` lists them (torch's FailureReports) and the program is the one the
+    example took, so lowering can still list the ops it lacks. Never packaged."""
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
@@ -127,47 +137,133 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
         first, _ = _export_accepting_fixes(spec, symbols, places, accepted, decompose=False)
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
-    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted)
+    torch_log: list[str] = []
+    ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft, log=torch_log)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
-    _check_sizes_known(ep, rename)
+    _check_sizes_known(ep, rename, str(spec.path))
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)
     accepted.notes += relations.range_notes(declared, refined)
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
+    failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference)
+                    folded, reference, failures, torch_log)
 
 
 MAX_FIX_ROUNDS = 4
 
 
-def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True):
+def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True,
+                            draft: bool = False, log: list[str] | None = None):
     """torch.export; when it reports a constraint violation with suggested fixes (a narrower range, a
     divisibility ``seq = 4*_seq``, a relation ``b = a + 1``), accept them, note them, and export again.
     Returns the decomposed program and the dynamic_shapes that worked (the ONNX export reuses them)."""
-    for round_ in range(MAX_FIX_ROUNDS):
-        shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
-                                                 accepted.rewrites)
-        try:
-            with torch.no_grad():
-                ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-                return (ep.run_decompositions(decomposition_table()) if decompose else ep), shapes
-        except Exception as e:  # torch's own message explains the constraint or the unsupported construct
-            error = e
-            if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
-                try:
-                    relations.accept_fixes(str(e), symbols, places, accepted)
-                    continue
-                except SpecializedDimError:
-                    raise
-                except CaptureError:
-                    pass
-            break
-    raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
-                       f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
+    with torch_logs.kept(log) as log:  # torch's logs and graph dumps go into the error (or ``log``), not stderr
+        for round_ in range(MAX_FIX_ROUNDS):
+            shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                                     accepted.rewrites)
+            try:
+                with torch.no_grad():
+                    ep = _exporter(draft)(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+                    if draft:  # read on the program torch reported about: decomposition renames its symbols
+                        ep._tc_findings = _draft_findings(ep, str(spec.path))
+                    return _decomposed(ep) if decompose else ep, shapes
+            except Exception as e:  # torch's own message explains the constraint or the unsupported construct
+                error = e
+                log.withhold(e)
+                if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
+                    try:
+                        relations.accept_fixes(str(e), symbols, places, accepted)
+                        continue
+                    except SpecializedDimError as s:
+                        raise _size_one_example(s, spec) from e
+                    except CaptureError:
+                        pass
+                break
+    raise diagnose.capture_error(error, str(spec.path), log.lines) from error
 
 
-def _check_sizes_known(ep, rename) -> None:
+def _exporter(draft: bool):
+    if not draft:
+        return torch.export.export
+    try:
+        return torch.export.draft_export
+    except AttributeError:  # torch before 2.7
+        raise CaptureError(f"--report needs torch.export.draft_export (torch 2.7 or newer); this is torch "
+                           f"{torch.__version__}. Export without --report to see the first problem.") from None
+
+
+def _draft_findings(ep, model_file: str) -> list[dict]:
+    """torch's draft export report as plain records: ``kind`` (torch's failure type, e.g.
+    DATA_DEPENDENT_ERROR), ``expr``, ``stack`` (the user stack's frames: file, line, name, code) and ``text``.
+    torch does not always record the user stack (its frame filter can drop every frame); the line is then the
+    one of the graph node that made the expression's data-dependent symbol (``item()`` and friends)."""
+    report = getattr(ep, "_report", None)
+    names = getattr(report, "str_to_filename", None) or {}
+    out = []
+    for f in getattr(report, "failures", None) or []:
+        data = f.data if isinstance(getattr(f, "data", None), dict) else {}
+        stack = [{"file": str(names.get(fr.get("filename"), fr.get("filename"))), "line": fr.get("line"),
+                  "name": fr.get("name"), "code": (fr.get("loc") or "").strip()}
+                 for fr in data.get("user_stack") or [] if isinstance(fr, dict)]
+        kind = getattr(f.failure_type, "name", str(f.failure_type))
+        expr = str(data.get("expr", "?"))
+        mine = [fr for fr in stack if Path(fr["file"]).name == Path(model_file).name]
+        stack = mine or _defining_frames(ep, expr, model_file) or _quoted_frames(data, model_file) or stack
+        out.append({"kind": kind, "expr": expr, "stack": stack, "text": str(f)})
+    return out
+
+
+def _quoted_frames(data: dict, model_file: str) -> list[dict]:
+    """The model file's line whose code torch quoted in the failure's ``frame_locals`` (``loc``)."""
+    locals_ = data.get("frame_locals")
+    loc = (locals_.get("loc") if isinstance(locals_, dict) else None) or ""
+    try:
+        lines = Path(model_file).read_text().splitlines()
+    except OSError:
+        return []
+    hits = [k for k, text in enumerate(lines, 1) if loc.strip() and text.strip() == loc.strip()]
+    return [{"file": model_file, "line": hits[0], "name": "?", "code": loc.strip()}] if len(hits) == 1 else []
+
+
+def _defining_frames(ep, expr: str, model_file: str) -> list[dict]:
+    """The frames of the nodes whose value is one of ``expr``'s symbols (u0, zuf0: made by ``item()``)."""
+    names = set(re.findall(r"\b[a-z]*u[a-z]*\d+\b", expr))
+    frames = []
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        node = getattr(val, "node", None)
+        if node is not None and str(getattr(node, "expr", "")) in names:
+            frame = frame_of(n, model_file)
+            if frame is not None:
+                frames.append({"file": frame[0], "line": frame[1], "name": frame[2], "code": frame[3]})
+    return frames
+
+
+def _decomposed(ep):
+    out = ep.run_decompositions(decomposition_table())
+    if hasattr(ep, "_tc_findings"):  # draft export's findings ride on the program
+        out._tc_findings = ep._tc_findings
+    return out
+
+
+def _size_one_example(e: SpecializedDimError, spec: ModelSpec) -> SpecializedDimError:
+    """A dim "fixed to the constant 1" whose example size is 1: the example is at fault, not the model code."""
+    if e.value != 1 or e.input not in spec.input_names or e.dim is None:
+        return e
+    example = spec.example_inputs[spec.input_names.index(e.input)]
+    if not isinstance(example, torch.Tensor) or e.dim >= example.dim() or example.shape[e.dim] != 1:
+        return e
+    return ExampleSizeOneError(
+        f"input {e.input!r} dim {e.dim} is declared dynamic as {e.symbol!r}, but the example input has size 1 "
+        f"there; torch.export treats a size-1 example dim as the constant 1 (it broadcasts), so it cannot stay "
+        f"dynamic. Fix: use an example batch of at least 2 (make example_inputs() return size 2 or more in "
+        f"{e.input}.{e.dim}).", input=e.input, dim=e.dim, symbol=e.symbol, reason=e.reason)
+
+
+def _check_sizes_known(ep, rename, model_file: str | None = None) -> None:
+    """Every size is over the declared dims: a size from the data (``nonzero()``, ``x[mask]``, ``unique()``) is
+    a DataDependentError at the user's line."""
     for n in ep.graph.nodes:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -175,9 +271,18 @@ def _check_sizes_known(ep, rename) -> None:
                 if isinstance(s, torch.SymInt):
                     for free in s.node.expr.free_symbols:
                         if free not in rename:
-                            raise CaptureError(
-                                f"node {n.name} has a size depending on {free}, which is not one of the dynamic "
-                                f"dims you declared (data-dependent sizes are not supported yet)")
+                            raise _data_sized(n, free, model_file)
+
+
+def _data_sized(node, free, model_file: str | None) -> DataDependentError:
+    file, line, fn, code = frame_of(node, model_file) or (None, None, None, None)
+    where = f"{file}:{line} in {fn}: {code}" if file else f"node {node.name} (torch recorded no source line)"
+    fixes = ("keep the shape fixed: a mask multiplied in (x * mask) or torch.where(mask, x, 0) instead of "
+             "selecting with it", "or move the selection out of forward(): do it on the model's outputs")
+    return DataDependentError(
+        f"cannot export a tensor whose size depends on the data ({free}, from {node.target}), which is not one "
+        f"of the dynamic dims you declared\n  at {where}\nA package's sizes come from its input shapes. Fix:\n"
+        + "\n".join(f"  - {f}" for f in fixes), file=file, line=line, code=code, expr=str(free), fixes=fixes)
 
 
 def to_sympy(x, rename) -> sympy.Expr:

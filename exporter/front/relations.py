@@ -260,6 +260,8 @@ def symbol_ranges(ep, rename, symbols, ours) -> tuple[dict[str, SymbolSpec], lis
         e = sympy.expand(_subst(sympy.sympify(key), rename))
         kl, kh = _finite(vr.lower), _finite(vr.upper)
         free = e.free_symbols
+        if any(s.name not in lo for s in free):  # an unbacked symbol (a draft export's .item()): not a dim's range
+            continue
         if len(free) == 1:
             (s,) = free
             a, b = e.diff(s), e.subs(s, 0)

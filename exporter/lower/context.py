@@ -19,8 +19,8 @@ from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.front.capture import Captured, to_sympy
-from tcexport.exporter.front.source_line import source_of
-from tcexport.exporter.errors import CaptureError, UnsupportedOpError
+from tcexport.exporter.front.source_line import frame_of, source_of
+from tcexport.exporter.errors import CaptureError, UnsupportedOpError, unsupported_ops_error
 from tcexport.exporter.lower.rules import RuleTable
 
 TORCH_DTYPES = {
@@ -111,13 +111,14 @@ class Lowering:
         return self.pointwise(ref.shape, ref.dtype, ref.load(idx))
 
     def unsupported(self, what: str, op: str | None = None) -> UnsupportedOpError:
-        """The error for ``what`` at the current node; ``op`` is the op's bare name (``aten.sort.default``) for the
-        error's ``op`` field, else ``what``."""
+        """The error for ``what`` at the node being lowered; ``op`` is the op's name (default: ``what``)."""
+        frame = frame_of(self.current, self.cap.model_file) if self.current is not None else None
         src = self.source()
         where = f"\n  at {src}" if src else ""
         return UnsupportedOpError(f"cannot export {what}{where}\nThis op (or this use of it) has no lowering yet; "
                                   f"rewrite that line with supported ops or file an issue with this message.",
-                                  op=op or what, source=src)
+                                  op=op or what, source=src, file=frame[0] if frame else None,
+                                  line=frame[1] if frame else None)
 
     # --- the walk -----------------------------------------------------------------------------------------
 
@@ -127,6 +128,7 @@ class Lowering:
         inputs, weights = [], []
         kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
         user_k = 0
+        missing: list[UnsupportedOpError] = []
         for node in ep.graph.nodes:
             self.current = node
             if node.op == "placeholder":
@@ -153,13 +155,26 @@ class Lowering:
                     raise self.unsupported(f"input of kind {spec.kind.name} ({node.name})")
                 env[node] = identity_ref(buf)
             elif node.op == "call_function":
-                env[node] = self.call(node, env)
+                env[node] = self.call_or_note(node, env, missing)
             elif node.op == "output":
+                if missing:  # every unsupported op at once, each with its line, not only the first
+                    raise unsupported_ops_error(missing)
                 outputs = self.finish_outputs(node, env)
         self.current = None
         prog = ir.Program(self.buffers, self.nodes, inputs, weights, outputs)
         eliminate_dead_nodes(prog)
         return prog
+
+    def call_or_note(self, node: torch.fx.Node, env, missing: list):
+        """``call``; an unsupported op is noted in ``missing`` and the walk goes on (what depends on it is
+        skipped: it cannot be lowered without its input), so one error can name every unsupported op."""
+        if any(isinstance(a, torch.fx.Node) and env.get(a) is _MISSING for a in node.all_input_nodes):
+            return _MISSING
+        try:
+            return self.call(node, env)
+        except UnsupportedOpError as e:
+            missing.extend(e.ops)
+            return _MISSING
 
     def call(self, node: torch.fx.Node, env):
         def resolve(a):
@@ -209,6 +224,9 @@ class Lowering:
             used.add(buf.name)
             self.public_names[buf.name] = out_name
         return names
+
+
+_MISSING = object()  # the value of a node that could not be lowered (an unsupported op, or fed by one)
 
 
 def _rename_loads(nodes, old: str, new: str) -> None:
