@@ -25,7 +25,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import dynamic
-from tcexport.exporter.front import relations
+from tcexport.exporter.front import range_check, relations
 from tcexport.exporter.errors import CaptureError, SpecializedDimError
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.model_file import ModelSpec
@@ -131,6 +131,9 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
         except Exception as e:  # torch's own message explains the constraint or the unsupported construct
             error = e
             if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
+                found = _export_checking_range(spec, symbols, places, accepted, str(e))
+                if found is not None:
+                    return found
                 try:
                     relations.accept_fixes(str(e), symbols, places, accepted)
                     continue
@@ -141,6 +144,28 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
             break
     raise CaptureError(f"torch.export could not capture {spec.path}: {type(error).__name__}: {error}\n"
                        f"Fix the model (or the --dynamic spec) as the message above suggests.") from error
+
+
+def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: str):
+    """Export again with the symbols torch could not prove a guard for as ``Dim.DYNAMIC`` over their declared
+    ranges; keep that capture when every guard holds at every size in the ranges (range_check.py), else None
+    (and torch's suggested fix is taken)."""
+    trusted = dynamic.single_place_symbols(range_check.violated_symbols(message), places, accepted.rewrites)
+    if not trusted or any(symbols[n].max is None for n in trusted):
+        return None
+    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                             accepted.rewrites, trusted=trusted)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+    except Exception:  # this capture fails differently: torch's fix stands
+        return None
+    failing = range_check.failing_guard(ep)
+    if failing is not None:
+        return None
+    accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "
+                          f"was checked at every size in the range and holds, so the range stands")
+    return ep.run_decompositions(decomposition_table()), shapes
 
 
 def _check_sizes_known(ep, rename) -> None:
