@@ -228,15 +228,17 @@ VISION = [
 ]
 
 
-def _cnn(name: str, library: str, make, spatial: tuple | None = (32, 96), example_size: int = 64,
+def _cnn(name: str, library: str, make, spatial: tuple | None = (64, 128), example_size: int = 96,
          family: str = "CNN") -> ZooModel:
-    """A CNN with dynamic batch and, where ``spatial`` gives a range, a dynamic square image side ``size``."""
+    """A CNN with dynamic batch and, where ``spatial`` gives a range, a dynamic square image side ``size``. The
+    range starts at 64: from 33 down a stride-32 network's last feature map is 1x1, a size torch.export
+    specialises (it demands ``(size - 1) // 32 + 1 != 1``), for us and every peer alike."""
     if spatial is None:
         return ZooModel(name, family, library, make, lambda s: (_image(s, example_size),),
                         {"pixel_values": {0: "batch"}}, _BATCH, {"batch": 2})
     return ZooModel(name, family, library, make, lambda s: (_image(s),),
                     {"pixel_values": {0: "batch", 2: "size", 3: "size"}}, {**_BATCH, "size": spatial},
-                    {"batch": 2, "size": example_size}, inside={"size": 57})
+                    {"batch": 2, "size": example_size}, inside={"size": 97})
 
 
 _HF_CNN = [
@@ -316,8 +318,9 @@ TIMM = [
     _cnn("timm-efficientnet", "timm", _timm("efficientnet_b0")),
     _cnn("timm-convnext", "timm", _timm("convnext_atto")),
     _cnn("timm-regnet", "timm", _timm("regnetx_002")),
-    _cnn("timm-vit", "timm", _timm("vit_tiny_patch16_224", img_size=_IMG), spatial=None, family="vision transformer"),
-    _cnn("timm-deit", "timm", _timm("deit_tiny_patch16_224", img_size=_IMG), spatial=None,
+    _cnn("timm-vit", "timm", _timm("vit_tiny_patch16_224", img_size=_IMG), spatial=None, example_size=_IMG,
+         family="vision transformer"),
+    _cnn("timm-deit", "timm", _timm("deit_tiny_patch16_224", img_size=_IMG), spatial=None, example_size=_IMG,
          family="vision transformer"),
 ]
 
@@ -327,7 +330,7 @@ TORCHVISION = [
     _cnn("tv-efficientnet", "torchvision", _tv("efficientnet_b0")),
     _cnn("tv-squeezenet", "torchvision", _tv("squeezenet1_1")),
     _cnn("tv-shufflenet", "torchvision", _tv("shufflenet_v2_x0_5")),
-    _cnn("tv-vit", "torchvision", _tv_vit, spatial=None, family="vision transformer"),
+    _cnn("tv-vit", "torchvision", _tv_vit, spatial=None, example_size=_IMG, family="vision transformer"),
     _cnn("tv-deeplabv3", "torchvision", _tv_deeplab, family="segmentation"),
     _cnn("tv-lraspp", "torchvision", _tv_lraspp, family="segmentation"),
     _cnn("tv-fcn", "torchvision", _tv_fcn, family="segmentation"),
