@@ -39,6 +39,8 @@ EXTRA_DECOMPOSITIONS = [
     aten.native_group_norm, aten.rms_norm, aten.std, aten.var, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit.no_stats,
     aten.linalg_vector_norm, aten.logsumexp, aten.addcmul, aten.addcdiv, aten.lerp, aten.sigmoid_backward,
+    # resizing as gathers at computed indices and a weighted sum (segmentation heads, BEiT's position bias)
+    aten.upsample_bilinear2d, aten.upsample_nearest2d,
 ]
 
 
