@@ -59,3 +59,36 @@ def test_a_guard_false_inside_the_range_still_guards():
     x = np.random.default_rng(0).standard_normal((2, 1600), dtype=np.float32)
     with torch.no_grad():
         np.testing.assert_allclose(model(x), module(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _SquarePixels(nn.Module):
+    """Height and width share one symbol; a linear over the stride-32 map's pixels makes torch demand
+    ``size // 32 != (size // 32)**2``, true from 64 up, which it reports without a fix to offer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, 4)
+        self.down = nn.Sequential(*[nn.Conv2d(8, 8, 2, 2) for _ in range(3)])
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(self.down(self.stem(x)).permute(0, 2, 3, 1))
+
+
+def test_a_symbol_in_two_places_keeps_its_range():
+    torch.manual_seed(0)
+    module = _SquarePixels().eval()
+    path = WORK / "square-pixels.tcpkg"
+    pkg = export(module, (torch.randn(2, 3, 96, 96),),
+                 {"x": {0: ("batch", 1, 4), 2: ("size", 64, 128), 3: ("size", 64, 128)}}, name="square",
+                 cache_dir=WORK / "cache")
+    pkg.save(path)
+    assert [(s.name, s.min, s.max) for s in pkg.manifest.symbols] == [("batch", 1, 4), ("size", 64, 128)]
+    model = L.load(path)
+    for shape in [(1, 3, 64, 64), (3, 3, 97, 97), (4, 3, 128, 128)]:
+        x = np.random.default_rng(shape[2]).standard_normal(shape, dtype=np.float32)
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(model(x), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(E.SymbolConflictError):  # one symbol, one size: the loader still holds height == width
+        model(np.zeros((1, 3, 64, 96), np.float32))

@@ -132,10 +132,11 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted):
                 return ep.run_decompositions(decomposition_table()), shapes
         except Exception as e:  # torch's own message explains the constraint or the unsupported construct
             error = e
-            if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
+            if range_check.violated_symbols(str(e)) and round_ + 1 < MAX_FIX_ROUNDS:
                 found = _export_checking_range(spec, symbols, places, accepted, str(e))
                 if found is not None:
                     return found
+            if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
                 try:
                     relations.accept_fixes(str(e), symbols, places, accepted)
                     continue
@@ -152,7 +153,7 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
     """Export again with the symbols torch could not prove a guard for as ``Dim.DYNAMIC`` over their declared
     ranges; keep that capture when every guard holds at every size in the ranges (range_check.py), else None
     (and torch's suggested fix is taken)."""
-    trusted = dynamic.single_place_symbols(range_check.violated_symbols(message), places, accepted.rewrites)
+    trusted = dynamic.plain_symbols(range_check.violated_symbols(message), places, accepted.rewrites)
     if not trusted or any(symbols[n].max is None for n in trusted):
         return None
     shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
@@ -162,7 +163,7 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
             ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
     except Exception:  # this capture fails differently: torch's fix stands
         return None
-    failing = range_check.failing_guard(ep)
+    failing = range_check.failing_guard(ep, range_check.same_sizes(ep, spec.input_names, places, trusted))
     if failing is not None:
         return None
     accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "

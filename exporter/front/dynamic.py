@@ -246,7 +246,7 @@ def torch_dim_of(expr: DimExpr, rewrites: dict[str, Rewrite]) -> DimExpr:
 
 def to_torch_dynamic_shapes(input_names, examples, symbols, places, rewrites=None, trusted=()) -> dict | None:
     """One torch.export.Dim per symbol, shared across every place it appears; derived dims as Dim arithmetic.
-    A ``trusted`` symbol (one place, not derived: ``single_place_symbols``) is ``Dim.DYNAMIC`` over its range,
+    A ``trusted`` symbol (never derived: ``plain_symbols``) is ``Dim.DYNAMIC`` over its range at each place,
     so export records the guards it cannot prove instead of failing (front/range_check.py checks them)."""
     if not places:
         return None
@@ -266,17 +266,16 @@ def to_torch_dynamic_shapes(input_names, examples, symbols, places, rewrites=Non
     return out
 
 
-def single_place_symbols(names, places, rewrites) -> list[str]:
-    """Those of ``names`` that stand alone in exactly one input dim (no derived dim, no rewrite, no other place):
-    the symbols that can be exported as ``Dim.DYNAMIC`` without losing a relation."""
-    count: dict[str, int] = {}
+def plain_symbols(names, places, rewrites) -> list[str]:
+    """Those of ``names`` that stand alone wherever they are placed (no derived dim such as ``2*seq``, no
+    rewrite): the symbols that can be exported as ``Dim.DYNAMIC``; torch then gives each place a symbol of its own
+    (a square image's height and width), which front/range_check.py takes as equal, as the loader enforces."""
     plain: dict[str, bool] = {}
     for where in places.values():
         for text in where.values():
             e = parse_dim_expr(text)
-            count[e.root] = count.get(e.root, 0) + 1
             plain[e.root] = plain.get(e.root, True) and e.scale == 1 and e.offset == 0
-    return [n for n in names if count.get(n) == 1 and plain.get(n) and n not in (rewrites or {})]
+    return [n for n in names if plain.get(n) and n not in (rewrites or {})]
 
 
 def _dim(name: str, lo: int, hi: int | None):

@@ -82,12 +82,31 @@ def _holds_everywhere(expr, ranges) -> bool | None:
     return bool(value.all())
 
 
-def failing_guard(ep) -> str | None:
-    """None when every guard of the exported program holds at every size of the program's symbol ranges; else
-    the first guard that fails somewhere or cannot be checked (as text: why the range cannot stand)."""
+def same_sizes(ep, input_names, places, trusted) -> dict:
+    """torch's symbol at each further place of a trusted symbol -> its symbol at the first place: one user
+    symbol is one size (a square image's height and width), whatever names torch gave its places."""
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    first, same = {}, {}
+    for input_name, node_name in zip(input_names, user):
+        shape = nodes[node_name].meta["val"].shape
+        for dim, text in places.get(input_name, {}).items():
+            if text in trusted and isinstance(shape[dim], torch.SymInt):
+                sym = sympy.sympify(shape[dim].node.expr)
+                if text in first and sym != first[text]:
+                    same[sym] = first[text]
+                first.setdefault(text, sym)
+    return same
+
+
+def failing_guard(ep, same: dict | None = None) -> str | None:
+    """None when every guard of the exported program holds at every size of the program's symbol ranges (torch
+    symbols in ``same`` replaced by the one they equal); else the first guard that fails somewhere or cannot be
+    checked (as text: why the range cannot stand)."""
     env = _shape_env(ep)
     if env is None:
         return None
+    same = same or {}
     ranges = {}
     for sym, vr in ep.range_constraints.items():
         lo, hi = vr.lower, vr.upper
@@ -96,6 +115,7 @@ def failing_guard(ep) -> str | None:
         ranges[sympy.sympify(sym)] = (int(lo), int(hi))
     asserts = (a.expr for group in getattr(env, "deferred_runtime_asserts", {}).values() for a in group)
     for guard in itertools.chain((g.expr for g in env.guards), asserts):
+        guard = guard.xreplace(same)
         if guard.free_symbols and not _holds_everywhere(guard, ranges):
             return str(guard)
     return None
