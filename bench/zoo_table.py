@@ -39,26 +39,29 @@ def _short(e: BaseException) -> str:
     return text[:300]
 
 
-def _torch_dims(model):
+def _torch_dims(model, hint=None):
+    """The zoo's dynamic dims as torch.export wants them: a named Dim per symbol, or ``hint`` (Dim.DYNAMIC) with
+    the symbol's range at every place."""
     from torch.export import Dim
 
+    if hint is not None:
+        return {inp: {d: hint(min=model.dims[s][0], max=model.dims[s][1]) for d, s in where.items()}
+                for inp, where in model.places.items()}
     dims = {s: Dim(s, min=lo, max=hi) for s, (lo, hi) in model.dims.items()}
     return {inp: {d: dims[s] for d, s in where.items()} for inp, where in model.places.items()}
 
 
 def _capture(module, example, model):
-    """torch.export with the zoo's Dims; where torch suggests fixes (a narrowed range, a divisibility), it
-    applies them once through its own API, as a user following its advice would."""
+    """torch.export with the zoo's Dims; where torch reports a constraint violation, the same ranges as
+    ``Dim.DYNAMIC`` (torch then keeps the guards it cannot prove instead of failing), as a user would retry."""
     import torch
 
-    shapes = _torch_dims(model)
     try:
-        return torch.export.export(module, example, dynamic_shapes=shapes)
-    except Exception as e:  # torch's constraint violations: retry with what it suggests
-        from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+        return torch.export.export(module, example, dynamic_shapes=_torch_dims(model))
+    except Exception:  # torch's constraint violations: retry with hints over the same ranges
+        from torch.export import Dim
 
-        refined = refine_dynamic_shapes_from_suggested_fixes(str(e), shapes)
-        return torch.export.export(module, example, dynamic_shapes=refined)
+        return torch.export.export(module, example, dynamic_shapes=_torch_dims(model, Dim.DYNAMIC))
 
 
 def _peer_row(model, peer: str, folder: Path) -> dict:

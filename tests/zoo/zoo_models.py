@@ -340,4 +340,6 @@ TORCHVISION = [
 ZOO = {m.name: m for m in DECODERS + ENCODERS + ENCODER_DECODERS + VISION + _HF_CNN + AUDIO + TIMM + TORCHVISION}
 
 # one fast model per family, run in every CI run (transformers only: CI's venv has no timm or torchvision)
-CI_SUBSET = ["llama", "bert", "t5", "vit", "hf-resnet", "whisper-encoder"]
+CI_SUBSET = ["gemma", "electra", "t5", "vit", "hf-resnet", "whisper-encoder"]
+# the GPU backend in every CI run: this one's package also has sm_90 cubins, and runs in Triton's interpreter
+CI_CUDA = "gemma"
