@@ -252,7 +252,7 @@ AUDIO = [
     ZooModel("whisper-encoder", "audio", "transformers",
              _hf("WhisperConfig", "WhisperModel", wrap=lambda m: Features(m.get_encoder()), d_model=64,
                  encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=16,
-                 max_source_positions=50, decoder_layers=1),
+                 max_source_positions=50, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=128),
              lambda s: (torch.randn(s["batch"], 16, 100, generator=torch.Generator().manual_seed(s["batch"])),),
              {"input_features": {0: "batch"}}, _BATCH, {"batch": 2}),
     ZooModel("wav2vec2", "audio", "transformers",
