@@ -163,6 +163,7 @@ def markdown(table: dict) -> str:
     lines = [f"# Model zoo, {table['machine']}, {table['date']}", "",
              f"torch {table['torch']}, transformers {table.get('transformers')}, timm {table.get('timm')}, "
              f"torchvision {table.get('torchvision')}; `{table['command']}`", "",
+             *[f"then `{table[k]}`" for k in ("rerun_command", "aoti_command") if table.get(k)], "",
              f"tcexport: **{sum(1 for r in counted if r['pass'])} / {len(counted)} pass**"
              + "".join(f"; {p}: {sum(1 for r in rows if r.get(p, {}).get('pass'))} / "
                        f"{sum(1 for r in rows if p in r)}" for p in peers), "",
