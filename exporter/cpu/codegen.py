@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import sympy
@@ -203,10 +204,16 @@ class CppEmitter:
         self.lines.append(f"{self.indent}const {ctype} {name} = {text};")
         return name
 
+    def _named(self, v: ir.Value) -> str:
+        """``v`` as a temporary's name (``t12``): an index source becomes a symbol of the index expression, and
+        only a temporary's name renders as itself (a constant index, ``static_cast<int64_t>(0LL)``, would not)."""
+        text = self.emit(v)
+        return text if _TEMP.fullmatch(text) else self._temp(CTYPE[v.dtype], text)
+
     def _indirect(self, v: ir.LoadIndirect) -> str:
         """The element address of an indirect load. A dim indexed by data is range-checked: a bad value sets
         the kernel's ``tc_oob`` flag (the kernel then fails) and reads element 0 instead of wild memory."""
-        bound = {ir.xvar(k): sympy.Symbol(self.emit(_as_int64(src)), integer=True)
+        bound = {ir.xvar(k): sympy.Symbol(self._named(_as_int64(src)), integer=True)
                  for k, src in enumerate(v.sources)}
         buf = self.prog.buffers[v.buffer]
         index = []
@@ -219,6 +226,9 @@ class CppEmitter:
                 e = sympy.Symbol(self._temp("int64_t", f"{bad} ? 0 : {raw}"), integer=True)
             index.append(e)
         return f"{v.buffer}[{cindex(buf.flat_index(index))}]"
+
+
+_TEMP = re.compile(r"t\d+")
 
 
 def _as_int64(v: ir.Value) -> ir.Value:

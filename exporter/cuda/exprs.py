@@ -9,6 +9,7 @@ cuda/gemm.py, cuda/attention.py) renders its bodies and epilogues through it.
 from __future__ import annotations
 
 import math
+import re
 import sympy
 
 from tcexport.exporter.cuda.scope import LaunchScope
@@ -78,6 +79,9 @@ def compute_dtype(dtype: str) -> str:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+_TEMP = re.compile(r"t\d+")
 
 
 class TritonIndex(IndexText):
@@ -260,6 +264,9 @@ class TritonEmitter:
             text = self.emit(src)
             if src.dtype != "int64":
                 text = self.temp(f"{text}.to(tl.int64)")
+            elif not _TEMP.fullmatch(text):  # a constant index: only a temporary's name renders as itself, and
+                # a tensor (not a Python int) keeps the range check's mask a tensor
+                text = self.temp(f"tl.full([1], {text}, tl.int64)" if text.lstrip("-").isdigit() else text)
             bound[ir.xvar(k)] = sympy.Symbol(text, integer=True)
         buf = self.sc.prog.buffers[v.buffer]
         index = []

@@ -29,7 +29,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
-from tcexport.exporter.front import diagnose, relations, torch_logs
+from tcexport.exporter.front import diagnose, range_check, relations, torch_logs
 from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSizeOneError, SpecializedDimError
 from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
@@ -44,6 +44,8 @@ EXTRA_DECOMPOSITIONS = [
     aten.native_group_norm, aten.rms_norm, aten.std, aten.var, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit.no_stats,
     aten.linalg_vector_norm, aten.logsumexp, aten.addcmul, aten.addcdiv, aten.lerp, aten.sigmoid_backward,
+    # resizing as gathers at computed indices and a weighted sum (segmentation heads, BEiT's position bias)
+    aten.upsample_bilinear2d, aten.upsample_nearest2d,
 ]
 
 
@@ -171,6 +173,10 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompos
             except Exception as e:  # torch's own message explains the constraint or the unsupported construct
                 error = e
                 log.withhold(e)
+                if range_check.violated_symbols(str(e)) and round_ + 1 < MAX_FIX_ROUNDS and not draft:
+                    found = _export_checking_range(spec, symbols, places, accepted, str(e), decompose)
+                    if found is not None:
+                        return found
                 if "Suggested fixes:" in str(e) and round_ + 1 < MAX_FIX_ROUNDS:
                     try:
                         relations.accept_fixes(str(e), symbols, places, accepted)
@@ -181,6 +187,28 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompos
                         pass
                 break
     raise diagnose.capture_error(error, str(spec.path), log.lines) from error
+
+
+def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: str, decompose: bool = True):
+    """Export again with the symbols torch could not prove a guard for as ``Dim.DYNAMIC`` over their declared
+    ranges; keep that capture when every guard holds at every size in the ranges (range_check.py), else None
+    (and torch's suggested fix is taken)."""
+    trusted = dynamic.plain_symbols(range_check.violated_symbols(message), places, accepted.rewrites)
+    if not trusted or any(symbols[n].max is None for n in trusted):
+        return None
+    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                             accepted.rewrites, trusted=trusted)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+    except Exception:  # this capture fails differently: torch's fix stands
+        return None
+    failing = range_check.failing_guard(ep, range_check.same_sizes(ep, spec.input_names, places, trusted))
+    if failing is not None:
+        return None
+    accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "
+                          f"was checked at every size in the range and holds, so the range stands")
+    return (_decomposed(ep) if decompose else ep), shapes
 
 
 def _exporter(draft: bool):

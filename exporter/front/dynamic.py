@@ -280,13 +280,17 @@ def torch_dim_of(expr: DimExpr, rewrites: dict[str, Rewrite]) -> DimExpr:
     return DimExpr(inner.root, expr.scale * inner.scale, expr.scale * inner.offset + expr.offset)
 
 
-def to_torch_dynamic_shapes(input_names, examples, symbols, places, rewrites=None) -> dict | None:
-    """One torch.export.Dim per symbol, shared across every place it appears; derived dims as Dim arithmetic."""
+def to_torch_dynamic_shapes(input_names, examples, symbols, places, rewrites=None, trusted=()) -> dict | None:
+    """One torch.export.Dim per symbol, shared across every place it appears; derived dims as Dim arithmetic.
+    A ``trusted`` symbol (never derived: ``plain_symbols``) is ``Dim.DYNAMIC`` over its range at each place,
+    so export records the guards it cannot prove instead of failing (front/range_check.py checks them)."""
     if not places:
         return None
     rewrites = rewrites or {}
     dims = {name: _dim(name, s.min, s.max) for name, s in symbols.items() if name not in rewrites}
     dims.update({r.root: _dim(r.root, *r.fresh_range) for r in rewrites.values() if r.fresh_range is not None})
+    dims.update({name: torch.export.Dim.DYNAMIC(min=max(symbols[name].min, 0), max=symbols[name].max)
+                 for name in trusted})
     out = {}
     for name, t in zip(input_names, examples):
         spec = {}
@@ -296,6 +300,18 @@ def to_torch_dynamic_shapes(input_names, examples, symbols, places, rewrites=Non
             spec[d] = dim + e.offset if e.offset else dim
         out[name] = spec or None
     return out
+
+
+def plain_symbols(names, places, rewrites) -> list[str]:
+    """Those of ``names`` that stand alone wherever they are placed (no derived dim such as ``2*seq``, no
+    rewrite): the symbols that can be exported as ``Dim.DYNAMIC``; torch then gives each place a symbol of its own
+    (a square image's height and width), which front/range_check.py takes as equal, as the loader enforces."""
+    plain: dict[str, bool] = {}
+    for where in places.values():
+        for text in where.values():
+            e = parse_dim_expr(text)
+            plain[e.root] = plain.get(e.root, True) and e.scale == 1 and e.offset == 0
+    return [n for n in names if plain.get(n) and n not in (rewrites or {})]
 
 
 def _dim(name: str, lo: int, hi: int | None):

@@ -258,6 +258,8 @@ _SYM_OPS = {
     operator.floordiv: lambda a, b: FloorDiv(a, b), operator.neg: lambda a: -a,
     operator.getitem: lambda a, k: a[k],
     torch.sym_float: lambda a: a,  # a size used as a float (layer_norm over a symbolic dim): still exact
+    # a ratio of sizes (interpolate to a symbolic size: its scale): an exact rational, rounded where it is used
+    operator.truediv: lambda a, b: sympy.sympify(a) / sympy.sympify(b),
 }
 
 

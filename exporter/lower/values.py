@@ -32,6 +32,8 @@ def value_at(x, out_shape, dtype: str | None) -> ir.Value:
             idx.append(sympy.Integer(0) if size == 1 and out_shape[d + offset] != 1 else ir.ivar(d + offset))
         v = x.load(idx) if rank else x.load(())
         return cast(v, dtype) if dtype else v
+    if isinstance(x, sympy.Expr) and not x.is_number and not x.is_integer:
+        return cast(_ratio(x), dtype or "float32")
     if isinstance(x, sympy.Expr) and not x.is_number:
         v = ir.IndexValue("int64", x)
         return cast(v, dtype) if dtype else v
@@ -41,6 +43,16 @@ def value_at(x, out_shape, dtype: str | None) -> ir.Value:
         x = float(x) if (dtype and is_float(dtype)) or isinstance(x, float) else int(x)
         return ir.Const(dtype or ("float32" if isinstance(x, float) else "int64"), x)
     raise NotImplementedError(f"unsupported argument {x!r}")
+
+
+def _ratio(x: sympy.Expr) -> ir.Value:
+    """A ratio of size expressions (a symbolic float, e.g. interpolate's scale ``in / out``) as a float64 division
+    of its integer numerator and denominator: what torch computes in Python floats before the op rounds it."""
+    num, den = sympy.fraction(sympy.together(x))
+    if not (num.is_integer and den.is_integer):
+        raise NotImplementedError(f"a symbolic scalar that is not a ratio of sizes: {x}")
+    as_float = [cast(ir.IndexValue("int64", e), "float64") for e in (num, den)]
+    return ir.Op("float64", "div", tuple(as_float))
 
 
 def cast(v: ir.Value, dtype: str) -> ir.Value:

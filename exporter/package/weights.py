@@ -25,9 +25,11 @@ def weight_specs(g) -> tuple:
 
 def _weight_array(t: torch.Tensor) -> np.ndarray:
     """A weight as a contiguous numpy array for safetensors. numpy has no bfloat16: its bits go in as
-    ml_dtypes.bfloat16 (installed with onnx, an export dependency), which safetensors labels BF16."""
+    ml_dtypes.bfloat16 (installed with onnx, an export dependency), which safetensors labels BF16. The reshape keeps
+    a 0-d weight 0-d: ``np.ascontiguousarray`` returns at least one dimension (Gemma's ``embed_scale`` was stored
+    as [1], a package its loader refused)."""
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         import ml_dtypes
-        return np.ascontiguousarray(t.view(torch.uint16).numpy()).view(ml_dtypes.bfloat16)
-    return np.ascontiguousarray(t.numpy())
+        return np.ascontiguousarray(t.view(torch.uint16).numpy()).view(ml_dtypes.bfloat16).reshape(t.shape)
+    return np.ascontiguousarray(t.numpy()).reshape(t.shape)

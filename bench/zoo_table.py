@@ -1,0 +1,241 @@
+"""The zoo's table: every model in tests/zoo/zoo_models.py exported and compared with eager exactly as the zoo's
+tests do (tests/zoo/harness.py), one subprocess per model (a crash or a hang costs one row), written to
+``bench/results/<machine>-<date>-zoo.{json,md}``: model, family, library, pass/fail, error class, export time,
+package size, largest error.
+
+``--peers onnx,aoti`` adds whether ``torch.onnx.export(..., dynamo=True)`` (run in ONNX Runtime) and AOTInductor
+(``torch._inductor.aoti_compile_and_package``) export each model with the same dynamic dims and match eager at the
+same cases; AOTInductor compiles slowly, so this is opt-in, and rows merge into an existing table (``--merge``).
+
+    python -m bench.zoo_table                      # the whole zoo, tcexport only
+    python -m bench.zoo_table --models llama,bert --peers onnx --merge bench/results/...-zoo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO_DIR = ROOT / "tests" / "zoo"
+
+
+def _zoo():
+    sys.path[:0] = [str(ZOO_DIR), str(ROOT / "tests")]
+    import zoo_models
+    return zoo_models
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:300]
+
+
+def _torch_dims(model, hint=None):
+    """The zoo's dynamic dims as torch.export wants them: a named Dim per symbol, or ``hint`` (Dim.DYNAMIC) with
+    the symbol's range at every place."""
+    from torch.export import Dim
+
+    if hint is not None:
+        return {inp: {d: hint(min=model.dims[s][0], max=model.dims[s][1]) for d, s in where.items()}
+                for inp, where in model.places.items()}
+    dims = {s: Dim(s, min=lo, max=hi) for s, (lo, hi) in model.dims.items()}
+    return {inp: {d: dims[s] for d, s in where.items()} for inp, where in model.places.items()}
+
+
+def _capture(module, example, model):
+    """torch.export with the zoo's Dims; where torch reports a constraint violation, the same ranges as
+    ``Dim.DYNAMIC`` (torch then keeps the guards it cannot prove instead of failing), as a user would retry."""
+    import torch
+
+    try:
+        return torch.export.export(module, example, dynamic_shapes=_torch_dims(model))
+    except Exception:  # torch's constraint violations: retry with hints over the same ranges
+        from torch.export import Dim
+
+        return torch.export.export(module, example, dynamic_shapes=_torch_dims(model, Dim.DYNAMIC))
+
+
+def _peer_row(model, peer: str, folder: Path) -> dict:
+    import numpy as np
+    import torch
+    from harness import TOLERANCE, relative_error
+
+    module, example = model.build(), model.inputs(model.example)
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            program = _capture(module, example, model)
+            if peer == "aoti":
+                path = torch._inductor.aoti_compile_and_package(program, package_path=str(folder / "m.pt2"))
+                run = torch._inductor.aoti_load_package(path)
+                call = lambda xs: run(*xs)  # noqa: E731
+            else:
+                import onnxruntime as ort
+
+                onnx_program = torch.onnx.export(program, example, dynamo=True)
+                onnx_program.save(str(folder / "m.onnx"))
+                session = ort.InferenceSession(str(folder / "m.onnx"), providers=["CPUExecutionProvider"])
+                names = [i.name for i in session.get_inputs()]
+                call = lambda xs: session.run(None, dict(zip(names, [x.numpy() for x in xs])))  # noqa: E731
+        seconds = time.perf_counter() - t0
+        worst = 0.0
+        for sizes in model.cases():
+            xs = model.inputs(sizes)
+            with torch.no_grad():
+                want = module(*xs)
+                got = call(xs)
+            got = got[0] if isinstance(got, (tuple, list)) else got
+            got = got.detach().numpy() if hasattr(got, "detach") else np.asarray(got)
+            err = relative_error(got, want)
+            if not err <= TOLERANCE:
+                return {"pass": False, "error": "Mismatch", "message": f"at {sizes}: {err:.2e}",
+                        "seconds": round(seconds, 1), "max_error": err}
+            worst = max(worst, err)
+        return {"pass": True, "seconds": round(seconds, 1), "max_error": worst}
+    except Exception as e:
+        return {"pass": False, "error": type(e).__name__, "message": _short(e),
+                "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def run_one(name: str, peers: list[str], skip_tcexport: bool) -> dict:
+    """One model's row (runs in the worker subprocess)."""
+    zm = _zoo()
+    from vision_libs import define_missing_ops
+    from harness import compare, export_model
+
+    keep, why = define_missing_ops()
+    model = zm.ZOO[name]
+    row = {"model": name, "family": model.family, "library": model.library}
+    if model.library != "transformers" and why:
+        return {**row, "pass": None, "error": "Skipped", "message": why}
+    with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
+        folder = Path(tmp)
+        if not skip_tcexport:
+            try:
+                exported = export_model(model, folder)
+                row.update(export_s=round(exported.seconds, 1), size=exported.size)
+                row.update(max_error=compare(model, exported.path), error=None)
+                row["pass"] = True
+            except Exception as e:
+                row.update({"pass": False, "error": type(e).__name__, "message": _short(e),
+                            "trace": traceback.format_exc(limit=-4)[-1500:]})
+        for peer in peers:
+            row[peer] = _peer_row(model, peer, folder)
+    del keep
+    return row
+
+
+def _worker(name: str, peers: list[str], skip: bool, timeout: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [sys.executable, "-m", "bench.zoo_table", "--one", name, "--row", out.name, "--peers", ",".join(peers)]
+        if skip:
+            cmd.append("--only-peers")
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            return {"model": name, "pass": False, "error": "Timeout", "message": f"over {timeout} s"}
+        text = Path(out.name).read_text()
+        if proc.returncode or not text:
+            return {"model": name, "pass": False, "error": f"exit {proc.returncode}",
+                    "message": proc.stderr[-600:]}
+        return json.loads(text)
+
+
+def _mark(r: dict | None) -> str:
+    if r is None:
+        return ""
+    return "pass" if r.get("pass") else ("skip" if r.get("pass") is None else f"FAIL ({r.get('error')})")
+
+
+def markdown(table: dict) -> str:
+    rows = table["rows"]
+    peers = [p for p in ("onnx", "aoti") if any(p in r for r in rows)]
+    counted = [r for r in rows if r.get("pass") is not None]
+    lines = [f"# Model zoo, {table['machine']}, {table['date']}", "",
+             f"torch {table['torch']}, transformers {table.get('transformers')}, timm {table.get('timm')}, "
+             f"torchvision {table.get('torchvision')}; `{table['command']}`", "",
+             *[f"then `{table[k]}`" for k in ("rerun_command", "aoti_command") if table.get(k)], "",
+             f"tcexport: **{sum(1 for r in counted if r['pass'])} / {len(counted)} pass**"
+             + "".join(f"; {p}: {sum(1 for r in rows if r.get(p, {}).get('pass'))} / "
+                       f"{sum(1 for r in rows if p in r)}" for p in peers), "",
+             "| model | family | library | tcexport | export s | package | max error |"
+             + "".join(f" {p} |" for p in peers),
+             "|---|---|---|---|---|---|---|" + "---|" * len(peers)]
+    for r in rows:
+        size = f"{r['size'] / 1e6:.2f} MB" if r.get("size") else ""
+        err = f"{r['max_error']:.1e}" if r.get("max_error") is not None else ""
+        lines.append(f"| {r['model']} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
+                     f"{r.get('export_s', '')} | {size} | {err} |" + "".join(f" {_mark(r.get(p))} |" for p in peers))
+    failures = [r for r in rows if r.get("pass") is False or any(r.get(p, {}).get("pass") is False for p in peers)]
+    if failures:
+        lines += ["", "## Failures", ""]
+        for r in failures:
+            if r.get("pass") is False:
+                lines.append(f"- **{r['model']}** (tcexport): {r.get('error')}: {r.get('message', '')}")
+            for p in peers:
+                if r.get(p, {}).get("pass") is False:
+                    lines.append(f"- **{r['model']}** ({p}): {r[p].get('error')}: {r[p].get('message', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("torch", "transformers", "timm", "torchvision"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="", help="comma-separated zoo names (default: all)")
+    p.add_argument("--peers", default="", help="onnx,aoti: also try these exporters")
+    p.add_argument("--only-peers", action="store_true", help="skip tcexport (with --merge: add peer columns)")
+    p.add_argument("--merge", help="an earlier table's .json: its rows are kept where this run has none")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per model")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--row", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    peers = [x for x in args.peers.split(",") if x]
+    if args.one:
+        Path(args.row).write_text(json.dumps(run_one(args.one, peers, args.only_peers)))
+        return 0
+    os.environ.setdefault("TCEXPORT_CACHE", str(Path(tempfile.gettempdir()) / "tcexport-zoo-cache"))
+    names = [n for n in args.models.split(",") if n] or list(_zoo().ZOO)
+    old = json.loads(Path(args.merge).read_text()) if args.merge else None
+    by_name = {r["model"]: r for r in (old["rows"] if old else [])}
+    for name in names:
+        row = _worker(name, peers, args.only_peers, args.timeout)
+        by_name[name] = {**by_name.get(name, {}), **row} if args.only_peers else {**row, **{
+            k: v for k, v in by_name.get(name, {}).items() if k in ("onnx", "aoti") and k not in row}}
+        print(f"{name}: {_mark(row) or ''} {row.get('export_s', '')} "
+              + " ".join(f"{q}={_mark(row.get(q))}" for q in peers), flush=True)
+    from bench.run import machine_name
+
+    order = list(_zoo().ZOO)
+    table = {"machine": old["machine"] if old else machine_name("cpu"),
+             "date": old["date"] if old else datetime.date.today().isoformat(),
+             "command": "python -m bench.zoo_table " + " ".join(argv if argv is not None else sys.argv[1:]),
+             **_versions(), "rows": sorted(by_name.values(), key=lambda r: order.index(r["model"]))}
+    base = ROOT / "bench" / "results" / f"{table['machine']}-{table['date']}-zoo"
+    base.with_suffix(".json").write_text(json.dumps(table, indent=1) + "\n")
+    base.with_suffix(".md").write_text(markdown(table))
+    print(base.with_suffix(".md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""A guard torch cannot prove over the declared range but that holds at every size in it does not narrow the
+range (front/range_check.py): three strided convolutions and attention over their frames, as in a Wav2Vec2
+feature encoder, once exported only for lengths that are multiples of 20."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import tcexport.loader as L
+from tcexport.exporter import export
+from tcexport.formats import errors as E
+from packages import WORK
+
+pytestmark = pytest.mark.slow
+
+
+class _Frames(nn.Module):
+    """frames = samples // 20 - 1; attention over them makes torch demand (1 % frames) != 0, true for
+    samples >= 60, which its interval reasoning cannot show through the floor divisions."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.Sequential(nn.Conv1d(1, 8, 10, 5), nn.GELU(), nn.Conv1d(8, 8, 3, 2), nn.GELU(),
+                                   nn.Conv1d(8, 8, 3, 2))
+
+    def forward(self, x):
+        h = self.convs(x.unsqueeze(1)).transpose(1, 2)[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(h, h, h)
+
+
+def _export(lo: int):
+    torch.manual_seed(0)
+    module = _Frames().eval()
+    pkg = export(module, (torch.randn(2, 1600),), {"x": {0: ("batch", 1, 4), 1: ("samples", lo, 4000)}},
+                 name="frames", cache_dir=WORK / "cache")
+    path = WORK / f"frames-{lo}.tcpkg"
+    pkg.save(path)
+    return module, pkg, L.load(path)
+
+
+def test_a_guard_true_over_the_range_keeps_the_range():
+    module, pkg, model = _export(400)
+    assert [(s.name, s.min, s.max) for s in pkg.manifest.symbols] == [("batch", 1, 4), ("samples", 400, 4000)]
+    for shape in [(1, 400), (3, 5467 - 2000), (4, 4000), (2, 1601)]:  # none a multiple of 20 but 400 and 4000
+        x = np.random.default_rng(shape[1]).standard_normal(shape, dtype=np.float32)
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(model(x), want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_guard_false_inside_the_range_still_guards():
+    """From 20 samples the same guard fails (1 % 0) below 60: the package must not accept those sizes."""
+    module, pkg, model = _export(20)
+    with pytest.raises(E.GuardError):
+        model(np.zeros((1, 40), np.float32))
+    x = np.random.default_rng(0).standard_normal((2, 1600), dtype=np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(model(x), module(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _SquarePixels(nn.Module):
+    """Height and width share one symbol; a linear over the stride-32 map's pixels makes torch demand
+    ``size // 32 != (size // 32)**2``, true from 64 up, which it reports without a fix to offer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 4, 4)
+        self.down = nn.Sequential(*[nn.Conv2d(8, 8, 2, 2) for _ in range(3)])
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(self.down(self.stem(x)).permute(0, 2, 3, 1))
+
+
+def test_a_symbol_in_two_places_keeps_its_range():
+    torch.manual_seed(0)
+    module = _SquarePixels().eval()
+    path = WORK / "square-pixels.tcpkg"
+    pkg = export(module, (torch.randn(2, 3, 96, 96),),
+                 {"x": {0: ("batch", 1, 4), 2: ("size", 64, 128), 3: ("size", 64, 128)}}, name="square",
+                 cache_dir=WORK / "cache")
+    pkg.save(path)
+    assert [(s.name, s.min, s.max) for s in pkg.manifest.symbols] == [("batch", 1, 4), ("size", 64, 128)]
+    model = L.load(path)
+    for shape in [(1, 3, 64, 64), (3, 3, 97, 97), (4, 3, 128, 128)]:
+        x = np.random.default_rng(shape[2]).standard_normal(shape, dtype=np.float32)
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(model(x), want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(E.SymbolConflictError):  # one symbol, one size: the loader still holds height == width
+        model(np.zeros((1, 3, 64, 96), np.float32))

@@ -1,0 +1,86 @@
+"""The model zoo (zoo_models.py): every model exported with its dynamic dims and compared torch-free with eager at
+the example, both ends of every range and a size inside. ``pytest -m zoo`` runs all of it; the CI subset (one fast
+model per family) runs in every run, on the CPU and, for the GPU backend, as cubins for sm_90 plus a tiny shape in
+Triton's interpreter."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from harness import TOLERANCE, compare, export_model, relative_error
+from packages import WORK
+from zoo_models import CI_CUDA, CI_SUBSET, ZOO
+
+pytestmark = [pytest.mark.slow, pytest.mark.zoo]
+CI = pytest.mark.zoo_ci
+
+
+def _param(name: str):
+    return pytest.param(name, marks=CI if name in CI_SUBSET else (), id=name)
+
+
+def _skip_without_libraries(name: str, why: str | None) -> None:
+    if ZOO[name].library != "transformers" and why:
+        pytest.skip(why)
+
+
+@functools.lru_cache(maxsize=None)
+def _exported(name: str, targets: str):
+    return export_model(ZOO[name], WORK, targets, cache_dir=WORK / "cache")
+
+
+def _targets(name: str) -> str:
+    return "cpu,cuda:sm_90" if name == CI_CUDA else "cpu"
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in ZOO])
+def test_matches_eager(name, vision_libs):
+    _skip_without_libraries(name, vision_libs)
+    assert compare(ZOO[name], _exported(name, _targets(name)).path) <= TOLERANCE
+
+
+@CI
+def test_ci_subset_covers_every_family():
+    families = {ZOO[n].family for n in CI_SUBSET}
+    assert families >= {"decoder LM", "encoder", "encoder-decoder", "vision transformer", "CNN", "audio"}
+    assert len(ZOO) >= 40 and CI_CUDA in CI_SUBSET
+
+
+# the GPU backend: sm_90 cubins (no GPU needed) for every zoo model under -m zoo, for one in every CI run; its
+# Triton kernels run in Triton's interpreter at tiny shapes
+INTERPRETED = {"gemma": [{"batch": 1, "seq": 3}, {"batch": 2, "seq": 1}], "hf-resnet": [{"batch": 1, "size": 64}]}
+
+
+def _cuda_package(name: str):
+    return _exported(name, _targets(name) if name == CI_CUDA else "cuda:sm_90")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=CI if n == CI_CUDA else (), id=n) for n in ZOO])
+def test_sm90_cubins_for_every_launch(name, vision_libs):
+    pytest.importorskip("triton")
+    from tcexport.loader.archive import open_archive
+
+    _skip_without_libraries(name, vision_libs)
+    m = open_archive(_cuda_package(name).path).manifest
+    bundles = [k for k in m.kernels if k.target == "cuda:sm_90"]
+    assert len(bundles) == 1 and m.cubins(bundles[0].isa)
+    assert {c.kernel for c in m.cubins(bundles[0].isa)} == {launch.name for launch in m.cuda.launches}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=CI if n == CI_CUDA else (), id=n) for n in INTERPRETED])
+def test_triton_kernels_match_eager_in_the_interpreter(name):
+    pytest.importorskip("triton")
+    from tcexport.exporter.check.interpret import run_interpreted
+
+    model = ZOO[name]
+    cases = [model.inputs(sizes) for sizes in INTERPRETED[name]]
+    results = run_interpreted(_cuda_package(name).path, [[x.numpy() for x in inputs] for inputs in cases])
+    module = model.build()
+    for inputs, (got, *_) in zip(cases, results):
+        with torch.no_grad():
+            want = module(*inputs)
+        assert relative_error(np.asarray(got), want) <= TOLERANCE
