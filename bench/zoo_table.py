@@ -67,7 +67,7 @@ def _capture(module, example, model):
 def _peer_row(model, peer: str, folder: Path) -> dict:
     import numpy as np
     import torch
-    from harness import TOLERANCE, relative_error
+    from zoo_harness import TOLERANCE, relative_error
 
     module, example = model.build(), model.inputs(model.example)
     t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def run_one(name: str, peers: list[str], skip_tcexport: bool) -> dict:
     """One model's row (runs in the worker subprocess)."""
     zm = _zoo()
     from vision_libs import define_missing_ops
-    from harness import compare, export_model
+    from zoo_harness import compare, export_model
 
     keep, why = define_missing_ops()
     model = zm.ZOO[name]

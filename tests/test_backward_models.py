@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 CASES = [("mlp", (1, 64)), ("mlp", (7, 64)), ("mlp", (1024, 64)),
          ("cnn", (1, 3, 32, 32)), ("cnn", (5, 3, 32, 32)),
-         ("decoder", (1, 1)), ("decoder", (2, 12)), ("decoder", (3, 17)), ("decoder", (16, 128))]
+         ("decoder", (1, 1)), ("decoder", (2, 12)), ("decoder", (3, 17)),
+         pytest.param("decoder", (16, 128), marks=pytest.mark.long)]  # the range's top: -m long
 
 
 @pytest.mark.parametrize("name, shape", CASES)

@@ -107,6 +107,7 @@ def test_bench_writes_json_table_and_plots(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # test_bench_writes_json_table_and_plots runs the harness end to end in every run
 def test_zoo_slice_writes_floors_geomeans_concurrency_and_family_plots(tmp_path):
     """A tiny slice of `--suite cpu-zoo` end to end: one small zoo model, ONNX Runtime and the package at batch 1,
     the floors from peaks measured in the run, geomean rows, the concurrency row (short), the family plot."""

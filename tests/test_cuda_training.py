@@ -31,7 +31,8 @@ pytestmark = pytest.mark.slow
 CASES = {"mlp": [(1, 64), (7, 64)], "cnn": [(1, 3, 32, 32)], "decoder": [(1, 3), (2, 5)]}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long) if n == "decoder" else n
+                                  for n in CASES])  # the decoder's kernels: -m long (mlp and cnn every run)
 def test_training_kernels_match_float64_autograd_in_the_interpreter(name):
     grad_inputs = ("x",) if name == "mlp" else ()
     path = training_package(name, *grad_inputs, targets="cuda:sm_90", build_cubins=False)

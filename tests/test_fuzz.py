@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the atheris targets and the fuzz corpus replay run in every run
 def test_structure_aware_mutants(tmp_path):
     bases = make_bases(tmp_path, ["add", "mlp"])
     report = campaign(bases, mutants=1_000_000, seconds=40, jobs=2, seed=0, timeout=60, keep=tmp_path / "bad",

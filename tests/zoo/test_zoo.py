@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import TOLERANCE, compare, export_model, relative_error
+from zoo_harness import TOLERANCE, compare, export_model, relative_error
 from packages import WORK
 from zoo_models import CI_CUDA, CI_SUBSET, ZOO
 
