@@ -282,3 +282,17 @@ def test_tcpkg_hands_serve_to_the_serving_package():
     assert out.returncode == 0 and "PKG_OR_REPO" in out.stdout, out.stderr
     bad = subprocess.run([tcpkg, "serve", "/nonexistent.tcpkg"], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no such package file" in bad.stderr
+
+
+def test_workers_share_the_port(packages, tmp_path):
+    shutil.copy(packages["mlp"], tmp_path / "mlp.tcpkg")
+    server = Server(tmp_path / "mlp.tcpkg", extra=("--workers", "2"))
+    try:
+        model = L.load(packages["mlp"])
+        for k in range(8):
+            r = httpx.post(server.url + "/v2/models/mlp/infer", json=_v2("x", _rows(2, k)))
+            assert r.status_code == 200
+            np.testing.assert_allclose(_out(r), model(_rows(2, k)), rtol=1e-5, atol=1e-6)
+    finally:
+        log = server.stop()
+    assert server.proc.returncode == 0 and log.count("Application shutdown complete") == 2, log
