@@ -49,13 +49,14 @@ class ZooModel:
 
 
 def _jitter_one_dim(module: nn.Module) -> nn.Module:
-    """Every 1-d parameter (norm scales and shifts, biases, layer scales) gets seeded noise on top of its initial
-    value: the libraries initialise biases to 0 and layer scales to 1e-6, which would let a wrong bias, a dropped
-    norm shift or a skipped block still match eager."""
+    """Every 1-d parameter (norm scales and shifts, biases, layer scales) and every all-zero one gets seeded noise
+    on top of its initial value: the libraries initialise biases to 0, layer scales to 1e-6 and torchvision's ViT
+    head to 0, which would let a wrong bias, a dropped norm shift, a skipped block or a whole wrong network (the
+    head's output would not depend on it) still match eager."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in module.parameters():
-            if p.dim() <= 1 and p.is_floating_point():
+            if p.is_floating_point() and (p.dim() <= 1 or not p.any()):
                 p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return module
 
