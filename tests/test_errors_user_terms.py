@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.packages import EXAMPLES, MODELS
+from packages import EXAMPLES, MODELS
 
 from tcexport.exporter import errors as E
 from tcexport.exporter.front import torch_logs
