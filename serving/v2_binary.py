@@ -18,8 +18,9 @@ import numpy as np
 
 from tcexport.loader.dtypes import numpy_dtype
 
-from .datatypes import manifest_dtype, v2_datatype
-from .v2_json import V2RequestError, _from_bf16, decode_tensor
+from . import v2_json
+from .datatypes import v2_datatype
+from .v2_json import V2RequestError, _datatype_and_shape, _from_bf16, decode_tensor
 
 HEADER = "inference-header-content-length"
 assert sys.byteorder == "little", "the binary extension's bytes are little-endian, as the loader's hosts are"
@@ -48,50 +49,33 @@ def _json(data: bytes) -> dict:
 
 def decode_inputs(header: dict, binary: memoryview, manifest) -> list[np.ndarray]:
     """The request's arrays in manifest order: JSON ``data`` or ``binary_data_size`` bytes per input."""
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise V2RequestError('request body must be a JSON object with an "inputs" list of '
-                             '{"name", "shape", "datatype", "data"} objects')
-    names = [s.name for s in manifest.inputs]
-    given: dict[str, np.ndarray] = {}
-    offset = 0
-    for entry in header["inputs"]:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if name not in names:
-            raise V2RequestError(f"input {name!r} is not an input of model {manifest.model!r}; its inputs are "
-                                 f"{', '.join(names)}", input=name if isinstance(name, str) else None)
-        if name in given:
-            raise V2RequestError(f"input {name!r} is given twice; give each input once", input=name)
+    offset = 0  # into the binary tail; binary inputs take their bytes in input order
+
+    def decode(entry: dict) -> np.ndarray:
+        nonlocal offset
         params = entry.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is None:
-            given[name] = decode_tensor(entry)
-            continue
-        given[name] = _binary_tensor(entry, size, binary[offset:], name)
+            return decode_tensor(entry)
+        array = _binary_tensor(entry, size, binary[offset:], entry["name"])
         offset += size
-    if offset != len(binary):
-        raise V2RequestError(f"the inputs' binary_data_size add up to {offset} bytes but {len(binary)} follow the "
-                             "JSON header; they must match")
-    missing = [n for n in names if n not in given]
-    if missing:
-        raise V2RequestError(f"model {manifest.model!r} needs input(s) {', '.join(missing)}; the request has "
-                             f"{', '.join(given) or 'none'}", input=missing[0])
-    return [given[n] for n in names]
+        return array
+
+    def all_bytes_used() -> None:
+        if offset != len(binary):
+            raise V2RequestError(f"the inputs' binary_data_size add up to {offset} bytes but {len(binary)} follow "
+                                 "the JSON header; they must match")
+
+    return v2_json.decode_inputs(header, manifest, decode=decode, finish=all_bytes_used)
 
 
 def _binary_tensor(entry: dict, size, data: memoryview, name: str) -> np.ndarray:
-    datatype = entry.get("datatype")
-    dtype = manifest_dtype(datatype) if isinstance(datatype, str) else None
-    if dtype is None:
-        raise V2RequestError(f"input {name!r}: datatype {datatype!r} is not a v2 datatype tcexport packages hold "
-                             f"(FP64, FP32, FP16, BF16, INT64, INT32, INT16, INT8, UINT8, BOOL)", input=name)
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
-        raise V2RequestError(f"input {name!r}: shape must be a list of integers >= 0, got {shape!r}", input=name)
+    dtype, shape = _datatype_and_shape(entry, name)
     np_dtype = numpy_dtype(dtype)
     expected = math.prod(shape) * np_dtype.itemsize
     if isinstance(size, bool) or not isinstance(size, int) or size != expected or size > len(data):
-        raise V2RequestError(f"input {name!r}: binary_data_size {size!r} but shape {shape} of {datatype} takes "
-                             f"{expected} bytes ({len(data)} left in the body)", input=name)
+        raise V2RequestError(f"input {name!r}: binary_data_size {size!r} but shape {shape} of {entry['datatype']} "
+                             f"takes {expected} bytes ({len(data)} left in the body)", input=name)
     array = np.frombuffer(data[:size], dtype=np.uint8).copy()  # a copy: the request's bytes are not kept
     if dtype == "bool" and array.size and array.max() > 1:
         raise V2RequestError(f"input {name!r}: BOOL bytes must be 0 or 1", input=name)

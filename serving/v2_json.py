@@ -31,11 +31,14 @@ class V2RequestError(TcError):
         self.input = input
 
 
-def decode_inputs(body, manifest) -> list[np.ndarray]:
-    """The arrays of a v2 request body, in the manifest's input order."""
+def decode_inputs(body, manifest, decode=None, finish=None) -> list[np.ndarray]:
+    """The arrays of a v2 request body, in the manifest's input order. ``decode`` reads one entry whose name
+    passed the checks (default: its JSON ``data``), so v2_binary shares the checks; ``finish`` runs after the
+    last entry and before missing inputs are named, for checks across all entries (the binary tail's length)."""
     if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
         raise V2RequestError('request body must be a JSON object with an "inputs" list of '
                              '{"name", "shape", "datatype", "data"} objects')
+    decode = decode or decode_tensor
     names = [s.name for s in manifest.inputs]
     given: dict[str, np.ndarray] = {}
     for entry in body["inputs"]:
@@ -45,7 +48,9 @@ def decode_inputs(body, manifest) -> list[np.ndarray]:
                                  f"{', '.join(names)}", input=name if isinstance(name, str) else None)
         if name in given:
             raise V2RequestError(f"input {name!r} is given twice; give each input once", input=name)
-        given[name] = decode_tensor(entry)
+        given[name] = decode(entry)
+    if finish is not None:
+        finish()
     missing = [n for n in names if n not in given]
     if missing:
         raise V2RequestError(f"model {manifest.model!r} needs input(s) {', '.join(missing)}; the request has "
@@ -56,6 +61,16 @@ def decode_inputs(body, manifest) -> list[np.ndarray]:
 def decode_tensor(entry: dict) -> np.ndarray:
     """One ``{"name", "shape", "datatype", "data"}`` object as an array of its datatype and shape."""
     name = entry["name"]
+    dtype, shape = _datatype_and_shape(entry, name)
+    values = _flat_values(entry.get("data"), name)
+    if len(values) != math.prod(shape):
+        raise V2RequestError(f"input {name!r}: shape {shape} holds {math.prod(shape)} values, data has "
+                             f"{len(values)}", input=name)
+    return _typed(values, dtype, name).reshape(shape)
+
+
+def _datatype_and_shape(entry: dict, name: str) -> tuple[str, list[int]]:
+    """The entry's manifest dtype and shape, checked before any data is read, for JSON and binary data alike."""
     datatype = entry.get("datatype")
     dtype = manifest_dtype(datatype) if isinstance(datatype, str) else None
     if dtype is None:
@@ -64,11 +79,7 @@ def decode_tensor(entry: dict) -> np.ndarray:
     shape = entry.get("shape")
     if not isinstance(shape, list) or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
         raise V2RequestError(f"input {name!r}: shape must be a list of integers >= 0, got {shape!r}", input=name)
-    values = _flat_values(entry.get("data"), name)
-    if len(values) != math.prod(shape):
-        raise V2RequestError(f"input {name!r}: shape {shape} holds {math.prod(shape)} values, data has "
-                             f"{len(values)}", input=name)
-    return _typed(values, dtype, name).reshape(shape)
+    return dtype, shape
 
 
 def _flat_values(data, name: str) -> np.ndarray:
