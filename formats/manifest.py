@@ -20,6 +20,7 @@ from .errors import clip as _clip
 from .graphs import (BACKWARD, FORWARD, INFERENCE, Context, CudaPart, Graph, Training, graph_json, legacy_graphs,
                      legacy_trainable, parse_graphs, parse_trainable)
 from .members import check_member_name
+from .state import STATE_VERSION, StateSpec, parse_state  # noqa: F401 (StateSpec re-exported)
 from .records import (  # noqa: F401 (re-exported)
     MAX_SCRATCH,
     SCRATCH_ALIGN,
@@ -39,7 +40,7 @@ from .records import (  # noqa: F401 (re-exported)
 )
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 8)
+FORMAT_VERSION = (1, 9)   # what this loader reads fully; a package without state is written as 1.8 (state.py)
 GRAPHS_VERSION = (1, 8)  # packages of this version and later hold their graphs in ``graphs`` (SPEC §2a)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
@@ -68,6 +69,8 @@ class Manifest:
     trainable: tuple = ()  # weight names the backward graph returns gradients of
     model_version: str | None = None  # optional model.version: the user's version of the model (informational)
     metadata: dict = field(default_factory=dict)  # optional model.metadata: str -> str (informational)
+    state: tuple = ()      # 1.9: state.StateSpec, the buffers forward writes (inputs and outputs paired)
+    state_file: str | None = None  # 1.9: the member holding the initial values that are not zeros
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
@@ -128,6 +131,8 @@ class Manifest:
             "members": {k: dict(v) for k, v in sorted(self.members.items())},
             **({"onnx": dict(self.onnx)} if self.onnx is not None else {}),
             **({"cuda": _legacy_cuda_json(cuda)} if cuda is not None else {}),
+            **({"state": [x.to_json() for x in self.state]} if self.state else {}),
+            **({"state_file": self.state_file} if self.state_file is not None else {}),
         }
 
     def dumps(self) -> bytes:
@@ -190,8 +195,10 @@ def _parse(d: Any) -> Manifest:
         if len({s.name for s in specs}) != len(specs):
             raise FormatError(f"manifest: {group} has duplicate names")
     structure = need(d, "output_structure", str, "manifest")
-    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) != 1):
-        raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {len(outputs)} output(s)")
+    stateful = len(d.get("state") or []) if tuple(version) >= STATE_VERSION and isinstance(d.get("state"), list) else 0
+    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) - stateful != 1):
+        raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {len(outputs) - stateful} "
+                          f"output(s)")
 
     guards = []
     for i, g in enumerate(need(d, "guards", list, "manifest")):
@@ -230,6 +237,9 @@ def _parse(d: Any) -> Manifest:
         if ref not in members:
             raise FormatError(f"manifest: refers to member {ref[:200]!r}, which is not listed in members")
 
+    state_file = d.get("state_file") if version >= STATE_VERSION else None
+    state = parse_state(d.get("state", []), state_file, inputs, outputs, members) \
+        if version >= STATE_VERSION else ()
     graphs_json = version >= GRAPHS_VERSION
     trainable = parse_trainable(w.get("trainable", []), weights, "weights.trainable") if graphs_json else \
         parse_trainable(list(legacy_trainable(d)), weights, "training.trainable")
@@ -250,7 +260,7 @@ def _parse(d: Any) -> Manifest:
         output_structure=structure, guards=tuple(guards), weights_file=weights_file,
         weights=weights, kernels=kernels, graphs=graphs, plan=plan, sources=tuple(sources), members=members,
         onnx=dict(onnx) if onnx is not None else None, trainable=trainable, model_version=model_version,
-        metadata=metadata)
+        metadata=metadata, state=state, state_file=state_file if state else None)
 
 
 MAX_METADATA_ENTRIES = 256

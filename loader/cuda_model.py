@@ -249,14 +249,24 @@ class CudaModel:
         self._signatures[key] = (env, [m.dtype for m in metas])
         return env
 
+    def outputs_of(self, values: list, preset: dict, stream: int | None = None) -> list:
+        """Every output of one call on ``values`` (every graph input, in manifest order), as a list; ``preset``
+        maps output indices to the device arrays written in place of new ones (a state, loader/state.py)."""
+        with self._lock:
+            return self._outputs(values, stream, {}, preset)
+
     def _call(self, args, stream, kwargs):
+        outs = self._outputs(args, stream, kwargs)
+        return outs[0] if self._single else tuple(outs)
+
+    def _outputs(self, args, stream, kwargs, preset: dict | None = None) -> list:
         values, metas, env, stream = self._bind(args, kwargs, stream)
         if self._last_stream is not None and stream != self._last_stream:
             self.device.wait_event(stream, self._done)
         if self.graphs:
-            outs, probed = self._run_graph(values, metas, env, stream)
+            outs, probed = self._run_graph(values, metas, env, stream, preset)
         else:
-            outs, probed = self._new_outputs(values, env), False
+            outs, probed = self._new_outputs(values, env, preset=preset), False
             self._run_direct(metas, [pointer(o) for o in outs], env, stream)
         self.device.record(self._done, stream)
         self._last_stream = stream
@@ -267,10 +277,11 @@ class CudaModel:
             # waits for the legacy stream, not for a non-blocking one passed as stream=
             self.device.synchronize(stream)
             outs = [o.numpy() for o in outs]
-        return outs[0] if self._single else tuple(outs)
+        return outs
 
-    def _new_outputs(self, values, env, specs=None) -> list:
-        """Arrays for ``specs`` ((shape, dtype) pairs; default: the model's outputs) of the kind ``values`` are."""
+    def _new_outputs(self, values, env, specs=None, preset: dict | None = None) -> list:
+        """Arrays for ``specs`` ((shape, dtype) pairs; default: the model's outputs) of the kind ``values`` are;
+        the ``preset`` ones (output index -> array, a state's) as given, never allocated."""
         if specs is None:
             specs, key = self._out_specs, tuple(env.items())
             shapes = self._out_shapes.get(key)
@@ -281,15 +292,18 @@ class CudaModel:
                 self._out_shapes[key] = shapes
         else:
             shapes = [tuple(ex.evaluate(d, env) for d in shape) for shape, _ in specs]
+        preset = preset or {}
         if any(is_torch(v) for v in values):
             torch = torch_module()
-            return [torch.empty(s, dtype=getattr(torch, dt), device=self.device.ordinal)
-                    for s, (_, dt) in zip(shapes, specs)]
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values) \
-                and not any(dt == "bfloat16" for _, dt in specs):
-            return [cupy.empty(s, dtype=dt) for s, (_, dt) in zip(shapes, specs)]
-        return [DeviceArray(self.device, s, dt) for s, (_, dt) in zip(shapes, specs)]
+            new = lambda s, dt: torch.empty(s, dtype=getattr(torch, dt), device=self.device.ordinal)
+        else:
+            cupy = sys.modules.get("cupy")
+            if cupy is not None and any(isinstance(v, cupy.ndarray) for v in values) \
+                    and not any(dt == "bfloat16" for _, dt in specs):
+                new = lambda s, dt: cupy.empty(s, dtype=dt)
+            else:
+                new = lambda s, dt: DeviceArray(self.device, s, dt)
+        return [preset[k] if k in preset else new(s, dt) for k, (s, (_, dt)) in enumerate(zip(shapes, specs))]
 
     def _blocks(self, inputs: list, outputs: list, workspace: int, env: dict, kernels=None) -> list:
         """One ParamBlock and grid per kernel (default: the inference ones) for these buffer addresses and
@@ -341,7 +355,7 @@ class CudaModel:
                 inputs.append(m.ptr)
         self._launch_all(self._blocks(inputs, out_ptrs, ptr, env), stream)
 
-    def _run_graph(self, values, metas, env, stream) -> tuple[list, bool]:
+    def _run_graph(self, values, metas, env, stream, preset: dict | None = None) -> tuple[list, bool]:
         """Replay this shape's graph (built on first use) into new outputs; and whether it copies the error word
         out early."""
         key = tuple(m.shape for m in metas)
@@ -366,7 +380,7 @@ class CudaModel:
         for part in head:  # reads inputs, writes no output
             self._point(part, (in_ptrs, ()))
             self.device.graph_launch(part.graph_exec, stream)
-        outs = self._new_outputs(values, env)
+        outs = self._new_outputs(values, env, preset=preset)
         self._point(tail, (in_ptrs, tuple(pointer(o) for o in outs)))
         self.device.graph_launch(tail.graph_exec, stream)
         return outs, g.probed

@@ -14,6 +14,7 @@ from .archive import open_archive
 from .guards import GuardPlan
 from .native_cpu import load as load_native
 from .model import Model, default_num_threads
+from .state import StatefulModel
 from .training import TrainableModel
 from .trust import trusted_key_sources
 from .weights import load_weights
@@ -35,6 +36,8 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     synchronises after calls of models that index by data, to raise on an out-of-range index;
     ``dependent_launch`` lets each kernel of a graph start while the one before it finishes (sm_90 and later).
     A package with training graphs loads as a model with ``forward(..., grad=True)``, ``backward`` and weights.
+    A package with state (buffers its forward writes, e.g. a KV cache) loads as a ``StatefulModel``: calls take
+    the model's inputs alone and update the state it keeps; ``state()``, ``reset_state()``, ``new_session()``.
     """
     if max_workspace_bytes is not None and (isinstance(max_workspace_bytes, bool)
                                             or not isinstance(max_workspace_bytes, int) or max_workspace_bytes < 0):
@@ -62,7 +65,8 @@ def load_cpu(archive, num_threads: int, *, isa: str | None = None, cache_dir=Non
     weights = load_weights(archive)
     native = load_native(archive, isa=isa, cache_dir=cache_dir, num_threads=num_threads)
     cls = TrainableModel if archive.manifest.training is not None else Model
-    return cls(archive, plan, weights, native, num_threads, max_workspace_bytes)
+    model = cls(archive, plan, weights, native, num_threads, max_workspace_bytes)
+    return StatefulModel(model) if archive.manifest.state else model
 
 
 def _require_cuda_kernels(manifest: Manifest, device: str) -> None:
@@ -90,5 +94,7 @@ def _load_cuda(archive, device: str, **options):
     t = archive.manifest.training
     cls = TrainableCudaModel if t is not None and t.forward.cuda is not None else CudaModel
     model = cls(archive, gpu, **options)
+    if archive.manifest.state:
+        model = StatefulModel(model)  # reads the initial state from the archive before it is released
     archive.release()  # the weights are on the device and the cubins loaded: no host copy stays in memory
     return model

@@ -20,11 +20,12 @@ import threading
 import numpy as np
 
 from tcexport.formats import expr as ex
-from tcexport.formats.errors import ArityError, FormatError, RuntimeKernelError, WorkspaceLimitError
+from tcexport.formats.errors import FormatError, RuntimeKernelError, WorkspaceLimitError
 from tcexport.formats.manifest import CPU_ABI_VERSION, Manifest, TensorSpec
 
 from .archive import Archive
 from .arrays import convert_inputs, convert_outputs
+from .call_args import gather
 from .dtypes import numpy_dtype
 from .guards import GuardPlan, SignatureCache
 from .native_cpu import FORK, MAX_BLAS, NativeLibrary, TcContext
@@ -113,29 +114,7 @@ class Model:
         return True
 
     def _gather(self, args: tuple, kwargs: dict) -> list:
-        """Positional then keyword inputs, in manifest order; unknown, repeated or missing names are ArityErrors."""
-        names = self._input_names
-        if not kwargs and len(args) == len(names):
-            return args  # the common call: every input positionally
-        if len(args) > len(names):
-            raise ArityError(f"model {self.manifest.model!r} takes {len(names)} input(s) ({', '.join(names)}), "
-                             f"got {len(args)} positional. Pass exactly these inputs.",
-                             expected=len(names), got=len(args), rule="arity")
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names:
-                raise ArityError(f"model {self.manifest.model!r} has no input named {key!r}; inputs: "
-                                 f"{', '.join(names)}.", input=key, expected=list(names), got=key, rule="arity")
-            if key in values:
-                raise ArityError(f"input {key!r} was passed both positionally and by name; pass it once.",
-                                 input=key, rule="arity")
-            values[key] = value
-        missing = [n for n in names if n not in values]
-        if missing:
-            raise ArityError(f"model {self.manifest.model!r} is missing input(s) {', '.join(missing)}; it takes "
-                             f"{', '.join(names)}.", input=missing[0], expected=list(names),
-                             got=sorted(values), rule="arity")
-        return [values[n] for n in names]
+        return gather(self.manifest.model, self._input_names, args, kwargs)
 
     def _buffers(self) -> "_CallBuffers":
         buf = getattr(self._local, "buffers", None)
@@ -162,10 +141,18 @@ class Model:
                 f"was loaded with max_workspace_bytes={limit}. Pass smaller inputs, or load it with a larger "
                 f"limit.", expected=limit, got=workspace, rule="max_workspace_bytes")
 
-    def _allocate(self, b: "_CallBuffers", sig: "_Signature") -> tuple[list[np.ndarray], object]:
+    def run_arrays(self, arrays: list, preset: dict | None = None) -> list[np.ndarray]:
+        """One native call on ``arrays`` (every graph input, in manifest order): guards, then the library; the
+        outputs whose index is in ``preset`` are written into the array given there (what a state is written
+        into, loader/state.py), the others are new arrays."""
+        return self._run(arrays, self._signatures.lookup(arrays), preset)
+
+    def _allocate(self, b: "_CallBuffers", sig: "_Signature", preset: dict | None = None) \
+            -> tuple[list[np.ndarray], object]:
         """The call's outputs and workspace; an allocation the machine cannot make is a typed error."""
         try:
-            outputs = [np.empty(shape, dtype) for shape, dtype in sig.outputs]
+            outputs = [np.empty(shape, dtype) if not preset or k not in preset else preset[k]
+                       for k, (shape, dtype) in enumerate(sig.outputs)]
             return outputs, b.workspace_for(sig.workspace_bytes)
         except (MemoryError, ValueError) as e:
             raise WorkspaceLimitError(
@@ -173,9 +160,9 @@ class Model:
                 f"workspace a call with {sig.env} needs ({type(e).__name__}). Pass smaller inputs.",
                 expected=None, got=sig.workspace_bytes, rule="allocation") from None
 
-    def _run(self, arrays: list[np.ndarray], sig: "_Signature") -> list[np.ndarray]:
+    def _run(self, arrays: list[np.ndarray], sig: "_Signature", preset: dict | None = None) -> list[np.ndarray]:
         b = self._buffers()
-        outputs, ws = self._allocate(b, sig)
+        outputs, ws = self._allocate(b, sig, preset)
         fork = FORK
         if b.threads > 1 and self._native.openmp and (fork.broken or not fork.threads_started):
             b.set_threads(fork.threads(b.threads))

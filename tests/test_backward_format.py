@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tcexport.formats.errors import FormatError
-from tcexport.formats.manifest import FORMAT_VERSION, parse_manifest
+from tcexport.formats.manifest import FORMAT_VERSION, GRAPHS_VERSION, parse_manifest
 from tcexport.loader.archive import open_archive
 from loader_helpers import as_1_7
 from training_packages import training_package
@@ -25,7 +25,8 @@ def manifest_json() -> dict:
 
 def test_round_trip(manifest_json):
     m = parse_manifest(manifest_json)
-    assert tuple(manifest_json["format_version"]) == FORMAT_VERSION == (1, 8)
+    assert tuple(manifest_json["format_version"]) == GRAPHS_VERSION == (1, 8)  # no state: 1.8 bytes
+    assert FORMAT_VERSION == (1, 9)
     assert json.loads(m.dumps()) == manifest_json
     assert set(m.graphs) == {"inference", "forward", "backward"} and "training" not in manifest_json
     assert m.training.sources[0] == ("input", 0) and m.training.gradients[-1] == ("input", "x")

@@ -29,7 +29,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
-from tcexport.exporter.front import diagnose, range_check, relations, torch_logs
+from tcexport.exporter.front import diagnose, range_check, relations, state, torch_logs
 from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSizeOneError, SpecializedDimError
 from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
@@ -66,6 +66,7 @@ class Captured:
     reference: object = None                    # --precision: the module the package computes (autocast.py)
     draft_failures: list = field(default_factory=list)  # draft=True: what draft export got past (_draft_findings)
     torch_log: list = field(default_factory=list)  # what torch logged during capture (kept off stderr)
+    state: list = field(default_factory=list)      # state.StateBuffer: the buffers forward writes, in order
 
 
 def decomposition_table():
@@ -149,7 +150,7 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
     failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference, failures, torch_log)
+                    folded, reference, failures, torch_log, state.state_of(ep))
 
 
 MAX_FIX_ROUNDS = 4
@@ -167,6 +168,7 @@ def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompos
             try:
                 with torch.no_grad():
                     ep = _exporter(draft)(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+                    state.lift_buffer_aliases(ep, spec.module)
                     if draft:  # read on the program torch reported about: decomposition renames its symbols
                         ep._tc_findings = _draft_findings(ep, str(spec.path))
                     return _decomposed(ep) if decompose else ep, shapes
@@ -201,6 +203,7 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
     try:
         with torch.no_grad():
             ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
+            state.lift_buffer_aliases(ep, spec.module)
     except Exception:  # this capture fails differently: torch's fix stands
         return None
     failing = range_check.failing_guard(ep, range_check.same_sizes(ep, spec.input_names, places, trusted))

@@ -127,6 +127,8 @@ class Lowering:
         env: dict = {}
         inputs, weights = [], []
         kinds = {s.arg.name: s for s in ep.graph_signature.input_specs}
+        state_names = [b.name for b in self.cap.state]
+        states: dict[str, ir.Buffer] = {}  # state name -> its input buffer (two placeholders may name one buffer)
         user_k = 0
         missing: list[UnsupportedOpError] = []
         for node in ep.graph.nodes:
@@ -142,6 +144,12 @@ class Lowering:
                     buf = self.new_buffer(dtype, shape, "input", name=_c_name("in_", name))
                     inputs.append(buf.name)
                     self.public_names[buf.name] = name
+                elif spec.kind == InputKind.BUFFER and spec.target in state_names:
+                    buf = states.get(spec.target)
+                    if buf is None:
+                        buf = states[spec.target] = self.new_buffer(dtype, shape, "input",
+                                                                    name=_c_name("state_", spec.target))
+                        self.public_names[buf.name] = spec.target
                 elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
                     key = spec.target
                     tensor = ep.state_dict.get(key) if key in ep.state_dict else ep.constants.get(key)
@@ -161,6 +169,7 @@ class Lowering:
                     raise unsupported_ops_error(missing)
                 outputs = self.finish_outputs(node, env)
         self.current = None
+        inputs += [states[name].name for name in state_names]  # the ABI: the model's inputs, then its state
         prog = ir.Program(self.buffers, self.nodes, inputs, weights, outputs)
         eliminate_dead_nodes(prog)
         return prog
@@ -205,19 +214,26 @@ class Lowering:
         ep = self.cap.program
         specs = ep.graph_signature.output_specs
         for s in specs:
-            if s.kind != OutputKind.USER_OUTPUT:
-                raise self.unsupported(f"output of kind {s.kind.name} (in-place mutation of a buffer or input)")
-        refs = [env[a] if isinstance(a, torch.fx.Node) else a for a in node.args[0]]
+            if s.kind not in (OutputKind.USER_OUTPUT, OutputKind.BUFFER_MUTATION):
+                raise self.unsupported(f"output of kind {s.kind.name} (in-place mutation of a model input; "
+                                       "write into a registered buffer instead, which becomes the package's state)")
+        values = [env[a] if isinstance(a, torch.fx.Node) else a for a in node.args[0]]
+        user = [v for s, v in zip(specs, values) if s.kind == OutputKind.USER_OUTPUT]
+        written = {s.target: v for s, v in zip(specs, values) if s.kind == OutputKind.BUFFER_MUTATION}
+        # the ABI: the model's outputs, then the state's new values in the order of the state inputs
+        refs = user + [written[b.name] for b in self.cap.state]
+        public = ["output" if len(user) == 1 else f"output{k}" for k in range(len(user))] + \
+            [b.name for b in self.cap.state]
         names, used = [], set()
-        for k, ref in enumerate(refs):
+        for k, (ref, out_name) in enumerate(zip(refs, public)):
             if not isinstance(ref, TensorRef):
                 raise self.unsupported(f"non-tensor output #{k} ({type(ref).__name__})")
-            out_name = "output" if len(refs) == 1 else f"output{k}"
+            prefix = "out_" if k < len(user) else "state_out_"
             if not ref.is_identity() or ref.buffer.kind != "temp" or ref.buffer.name in used:
                 ref = self.realize(ref)
             buf, old = ref.buffer, ref.buffer.name
             del self.buffers[old]
-            buf.name, buf.kind = _c_name("out_", out_name), "output"
+            buf.name, buf.kind = _c_name(prefix, out_name), "output"
             self.buffers[buf.name] = buf
             _rename_loads(self.nodes, old, buf.name)
             names.append(buf.name)

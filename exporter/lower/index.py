@@ -2,7 +2,9 @@
 
 An index read from a tensor becomes a LoadIndirect: the gathered buffer's index uses ``x0, x1, ...`` bound to
 the index values, and the kernel range-checks those dims (an out-of-range index fails the run with a message).
-Negative indices wrap where PyTorch wraps them (``index``); elsewhere they are out of range, as in eager.
+Negative indices wrap where PyTorch wraps them (``index``, ``index_put``); elsewhere they are out of range, as in
+eager. ``index_put`` is written as a gather too, every element reading what lands on it: a static KV cache's
+write at ``cache_position`` (the state of a stateful package, front/state.py) is one of these.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import torch
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.lower.rules import RuleTable
 from tcexport.exporter.lower.context import Lowering, TensorRef, torch_dtype_name
-from tcexport.exporter.lower.values import ivars, shape_of
+from tcexport.exporter.lower.reduce import reduction
+from tcexport.exporter.lower.values import cast, index_value, ivars, shape_of
 
 aten = torch.ops.aten
 RULES = RuleTable("tcexport.exporter.lower.index")
@@ -126,3 +129,78 @@ def _cat(low, node, val, tensors, dim=0):
             cond = ir.Op("bool", "lt", (ir.IndexValue("int64", i), ir.IndexValue("int64", s0 + t.shape[dim])))
             body = ir.Op(out, "where", (cond, v, body))
     return low.pointwise(shape, out, body)
+
+
+@RULES.rule(aten.index_put)
+def _index_put(low, node, val, base, indices, values, accumulate=False):
+    if accumulate:
+        return _index_put_accumulate(low, val, base, indices, values)
+    return _index_put_assign(low, val, base, indices, values)
+
+
+def _index_put_accumulate(low, val, base, indices, values):
+    """``base.index_put([idx], values, accumulate=True)``: row v of the result is base's row v plus the sum of
+    the value rows whose index is v (negative indices wrap): what an embedding's weight gradient builds. Cost:
+    rows × positions (an IR scatter node would make it linear in the positions)."""
+    if len(indices) != 1 or indices[0] is None:
+        raise NotImplementedError("accumulating index_put other than with one index tensor on dim 0")
+    idx = indices[0]
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    acc = ir.compute_dtype(out)
+    p, rest = len(idx.shape), len(shape) - 1
+    r_vars = [ir.rvar(k) for k in range(p)]
+    target = list(idx.shape) + list(shape[1:])
+    position = r_vars + [ir.ivar(1 + d) for d in range(rest)]
+    offset = len(target) - len(values.shape)
+    v_idx = [sympy.Integer(0) if size == 1 and target[d + offset] != 1 else position[d + offset]
+             for d, size in enumerate(values.shape)]
+    hit = ir.Op("bool", "eq", (wrapped(idx.load(r_vars), shape[0]), index_value(ir.ivar(0))))
+    body = ir.Op(acc, "where", (hit, cast(values.load(v_idx), acc), ir.Const(acc, 0)))
+    total = reduction(low, shape, acc, "sum", list(idx.shape), body).load(ivars(len(shape)))
+    result = ir.Op(acc, "add", (cast(base.load(ivars(len(shape))), acc), total))
+    return low.pointwise(shape, out, cast(result, out))
+
+
+def _index_put_assign(low, val, base, indices, values):
+    """``base[..., idx, ...] = values`` with one 1-D index tensor on dim d (the other dims whole): a static
+    cache written at ``cache_position``. First ``last[l]``, the last position j with idx[j] == l (-1: none), a
+    max over the T positions for each of the L rows (L × T compares, not one search per element); then each
+    element is values' row last[l] where there is one, else base's. Every index is range-checked (a position
+    outside the cache fails the call, as eager raises), and an element's new value never depends on another
+    element's old one, so the loader may update a state in place (front/state.py)."""
+    used = [d for d, t in enumerate(indices) if t is not None]
+    if len(used) != 1 or len(indices[used[0]].shape) != 1 or indices[used[0]].dtype in ("bool", "uint8"):
+        raise NotImplementedError("index_put other than with one 1-D integer index tensor (the other dims whole)")
+    d = used[0]
+    idx, shape, out = indices[d], shape_of(low, val), torch_dtype_name(val.dtype)
+    if not base.is_identity():
+        base = low.realize(base)
+    if not values.is_identity():
+        values = low.realize(values)
+    rows, count = shape[d], idx.shape[0]
+    position = wrapped(idx.load((ir.rvar(0),)), rows)
+    # reading base at each position range-checks it (LoadIndirect); the value read is not used
+    probe = ir.LoadIndirect(base.dtype, base.buffer.name,
+                            tuple(ir.xvar(0) if k == d else sympy.Integer(0) for k in range(len(shape))),
+                            (position,), origin=low.source())
+    hit = ir.Op("int64", "where", (ir.Op("bool", "eq", (position, index_value(ir.ivar(0)))),
+                                   index_value(ir.rvar(0)), ir.Const("int64", -1)))
+    checked = ir.Op("int64", "where", (ir.Op("bool", "eq", (probe, probe)), hit, hit))
+    last = reduction(low, (rows,), "int64", "max", (count,), checked).load((ir.ivar(d),))
+    found = ir.Op("bool", "ge", (last, ir.Const("int64", 0)))
+    row = ir.Op("int64", "where", (found, last, ir.Const("int64", 0)))
+    target = list(shape[:d]) + [count] + list(shape[d + 1:])
+    offset = len(target) - len(values.shape)
+    v_idx, indirect = [], False
+    for k, size in enumerate(values.shape):
+        if size == 1 and target[k + offset] != 1:
+            v_idx.append(sympy.Integer(0))
+        elif k + offset == d:
+            v_idx.append(ir.xvar(0))
+            indirect = True
+        else:
+            v_idx.append(ir.ivar(k + offset))
+    new = ir.LoadIndirect(values.dtype, values.buffer.name, tuple(v_idx), (row,), origin=low.source()) \
+        if indirect else values.load(v_idx)
+    old = base.load(ivars(len(shape)))
+    return low.pointwise(shape, out, ir.Op(out, "where", (found, cast(new, out), cast(old, out))))

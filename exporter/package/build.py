@@ -11,7 +11,7 @@ import torch
 from tcexport.formats.abi import CPU_ENTRY, ISA_PLACEHOLDER, Interface, descriptor
 from tcexport.formats.errors import FormatError
 from tcexport.formats.graphs import INFERENCE, CpuPart, Graph
-from tcexport.formats.manifest import CPU_ABI_VERSION, FORMAT_VERSION, KernelBundle, Manifest
+from tcexport.formats.manifest import CPU_ABI_VERSION, GRAPHS_VERSION, STATE_VERSION, KernelBundle, Manifest
 from tcexport.packager.package import Package
 
 from .selfcheck import example_call
@@ -22,6 +22,7 @@ from . import members as names
 from .cuda import cuda_bundles, cuda_part
 from .exprs import to_expr
 from .interface import guards, interface
+from .state import state_specs
 from .training import training_graphs
 from .weights import weights_bytes
 
@@ -56,8 +57,11 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
     graphs = {INFERENCE: Graph(INFERENCE, face.inputs, face.outputs, cpu_part, cuda)}
     training, training_sources = training_graphs(r, face.inputs, face.outputs, members, cpu=cpu_part is not None)
     graphs.update(training)
+    state, state_bytes = state_specs(g, face.inputs, face.outputs)
+    if state_bytes is not None:
+        members[names.STATE_FILE] = state_bytes
     manifest = Manifest(
-        format_version=FORMAT_VERSION,
+        format_version=STATE_VERSION if state else GRAPHS_VERSION,  # a package without state keeps 1.8's bytes
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
                   "python": platform.python_version(),
                   **({"cxx": compiler_version(compiler())} if cpu else {})},
@@ -79,6 +83,8 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
         trainable=tuple(r.training.trainable) if r.training is not None else (),
         model_version=model_info[0],
         metadata=dict(model_info[1]),
+        state=state,
+        state_file=names.STATE_FILE if state_bytes is not None else None,
     )
     if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "

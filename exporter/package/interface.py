@@ -23,7 +23,7 @@ def interface(r, blas: tuple) -> Interface:
     return Interface(
         symbols=tuple(Symbol(s.name, s.min, s.max) for s in prog.symbols),
         inputs=tuple(_spec(prog, low, n) for n in prog.inputs), outputs=outputs,
-        output_structure="single" if len(prog.outputs) == 1 and single else "tuple",
+        output_structure="single" if len(prog.outputs) - len(g.captured.state) == 1 and single else "tuple",
         guards=tuple(g.expr for g in guards(g.captured.guards)), weights=weight_specs(g),
         workspace_bytes=to_expr(g.memory.workspace_bytes), blas=tuple(blas),
         training=training_interface(r, outputs))

@@ -7,6 +7,7 @@ CPP_SOURCE = "src/cpu/model.cpp"
 TRITON_SOURCE = "src/cuda/model_triton.py"
 KERNELS_TEXT = "src/kernels.txt"
 ONNX_FILE = "model.onnx"
+STATE_FILE = "state.safetensors"
 
 
 def cpu_library(isa: str) -> str:

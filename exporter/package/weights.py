@@ -12,7 +12,7 @@ from tcexport.formats.manifest import TensorSpec
 def weights_bytes(g) -> bytes:
     """The weights under their public names, in safetensors form."""
     low, prog = g.lowering, g.program
-    arrays = {low.public_names[name]: _weight_array(low.weight_values[name]) for name in prog.weights}
+    arrays = {low.public_names[name]: weight_array(low.weight_values[name]) for name in prog.weights}
     return safetensors.numpy.save(arrays)
 
 
@@ -23,7 +23,7 @@ def weight_specs(g) -> tuple:
                             tuple(int(s) for s in low.weight_values[name].shape)) for name in prog.weights)
 
 
-def _weight_array(t: torch.Tensor) -> np.ndarray:
+def weight_array(t: torch.Tensor) -> np.ndarray:
     """A weight as a contiguous numpy array for safetensors. numpy has no bfloat16: its bits go in as
     ml_dtypes.bfloat16 (installed with onnx, an export dependency), which safetensors labels BF16. The reshape keeps
     a 0-d weight 0-d: ``np.ascontiguousarray`` returns at least one dimension (Gemma's ``embed_scale`` was stored

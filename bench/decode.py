@@ -1,0 +1,268 @@
+"""LLM decode and prefill with a static KV cache: tcpkg side by side with transformers eager and torch.compile.
+
+    python -m bench.decode --device cuda --models gpt2 llama --contexts 128 1024 --batch 1
+    python -m bench.decode --device cpu --models gpt2 llama --size small --threads 2
+
+Every backend runs the same module: examples/lm_cache.py's ``CachedLM`` (transformers'
+``TorchExportableModuleWithStaticCache`` over GPT-2 or a Llama-style model, random weights), eager, under
+``torch.compile`` (``mode="reduce-overhead"`` on the GPU, transformers' documented fast path for a static cache;
+the default mode on the CPU), and exported as a stateful package. A decode step is one token at cache position
+``context``; prefill is ``context`` tokens from position 0. Latency is the median of timed calls after warm-up.
+The memory floor of a decode step is the bytes it must read at least once (every weight, and the keys and values
+of the filled context) over the bandwidth of a large copy measured in the same run. Results go to
+bench/results/<machine>-<date>-decode.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def load_lm_file(kind: str, size: str, cache: int, batch: int):
+    """examples/lm_cache.py, configured through its environment variables for this one import."""
+    os.environ.update(TCEXPORT_LM=kind, TCEXPORT_LM_SIZE=size, TCEXPORT_LM_CACHE=str(cache),
+                      TCEXPORT_LM_BATCH=str(batch))
+    spec = importlib.util.spec_from_file_location(f"lm_cache_{kind}_{size}_{cache}_{batch}",
+                                                  ROOT / "examples" / "lm_cache.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def timed(fn, device: str, warmup: int, runs: int) -> float:
+    """Median milliseconds of ``runs`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def cache_bytes(cfg, batch: int, context: int, itemsize: int) -> int:
+    layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
+    heads = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "n_head", None)
+    hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
+    head_dim = hidden // (getattr(cfg, "num_attention_heads", None) or cfg.n_head)
+    return 2 * layers * batch * heads * head_dim * context * itemsize
+
+
+def unique_weight_bytes(module: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for p in list(module.parameters()):
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
+    device, dtype = args.device, DTYPES[args.dtype]
+    cache = max(args.contexts) + 64
+    file = load_lm_file(kind, args.size, cache, args.batch)
+    module = file.model().to(device=device, dtype=dtype).eval()
+    cfg = module.lm.model.config
+    wbytes = unique_weight_bytes(module)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    b = args.batch
+    tok = lambda n: torch.randint(0, cfg.vocab_size, (b, n), device=device)  # noqa: E731
+
+    backends = {}
+    eager = lambda ids, pos: module(ids, pos)  # noqa: E731
+    backends["eager"] = eager
+    try:
+        mode = "reduce-overhead" if device == "cuda" else "default"
+        compiled = torch.compile(module, mode=mode)
+        backends[f"torch.compile({mode})"] = lambda ids, pos: compiled(ids, pos)
+    except Exception as e:  # noqa: BLE001 - a backend that fails is labelled, not fatal
+        notes.append(f"{kind}: torch.compile failed: {type(e).__name__}: {e}")
+    try:
+        t0 = time.perf_counter()
+        pkg_path = export_package(file, kind, args, cache)
+        notes.append(f"{kind}: export {time.perf_counter() - t0:.0f} s -> {pkg_path.name}")
+        from tcexport.loader import load
+
+        lm = load(pkg_path, device=device, num_threads=args.threads) if device == "cpu" else load(pkg_path, device)
+        session = lm.new_session()
+        backends["tcpkg"] = lambda ids, pos: session(ids, pos) if device == "cuda" else \
+            torch.from_numpy(np.asarray(session(ids.numpy(), pos.numpy())))
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"{kind}: tcpkg failed: {type(e).__name__}: {str(e)[:300]}")
+        traceback.print_exc()
+
+    # accuracy: one prompt then one decode step, each backend from an empty cache, against eager in float32
+    with torch.no_grad():
+        reference = file.model().to(device=device, dtype=torch.float32).eval()
+        prompt, step = tok(8), tok(1)
+        pos0, pos1 = torch.arange(8, device=device), torch.tensor([8], device=device)
+        reference(prompt, pos0)
+        want = reference(step, pos1).float()
+        scale = float(want.abs().max())
+        for name, fn in backends.items():
+            try:
+                if name == "tcpkg":
+                    session.reset_state()
+                else:
+                    for buf_name, buf in module.named_buffers():
+                        buf.zero_()
+                fn(prompt, pos0)
+                got = fn(step, pos1).float()
+                err = float((got - want).abs().max()) / scale
+                rows.append(dict(model=kind, backend=name, phase="accuracy", context=8, batch=b, ms=None,
+                                 error=err))
+            except Exception as e:  # noqa: BLE001
+                notes.append(f"{kind}: {name} accuracy failed: {type(e).__name__}: {str(e)[:200]}")
+        del reference
+
+    for context in args.contexts:
+        floor_bytes = wbytes + cache_bytes(cfg, b, context + 1, itemsize)
+        floor = floor_bytes / peaks["copy_bytes_per_s"] * 1e3
+        for name, fn in list(backends.items()):
+            ids, pos = tok(1), torch.tensor([context], device=device)
+            try:
+                with torch.no_grad():
+                    ms = timed(lambda: fn(ids, pos), device, args.warmup, args.runs)
+                rows.append(dict(model=kind, backend=name, phase="decode", context=context, batch=b, ms=ms,
+                                 floor_ms=floor, floor_bytes=floor_bytes))
+            except Exception as e:  # noqa: BLE001
+                notes.append(f"{kind}: {name} decode at {context} failed: {type(e).__name__}: {str(e)[:200]}")
+                rows.append(dict(model=kind, backend=name, phase="decode", context=context, batch=b, ms=None,
+                                 failed=type(e).__name__))
+        if args.prefill:
+            for name, fn in list(backends.items()):
+                ids, pos = tok(context), torch.arange(context, device=device)
+                try:
+                    with torch.no_grad():
+                        ms = timed(lambda: fn(ids, pos), device, max(2, args.warmup // 4), max(3, args.runs // 8))
+                    rows.append(dict(model=kind, backend=name, phase="prefill", context=context, batch=b, ms=ms))
+                except Exception as e:  # noqa: BLE001
+                    notes.append(f"{kind}: {name} prefill {context} failed: {type(e).__name__}: {str(e)[:200]}")
+                    rows.append(dict(model=kind, backend=name, phase="prefill", context=context, batch=b, ms=None,
+                                     failed=type(e).__name__))
+
+
+def export_package(file, kind: str, args, cache: int) -> Path:
+    from tcexport.exporter.pipeline import export
+
+    out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}.tcpkg"
+    if out.exists() and not args.rebuild:
+        return out
+    module = file.model().to(dtype=DTYPES[args.dtype]).eval()
+    target = "cpu" if args.device == "cpu" else f"cuda:sm_{torch.cuda.get_device_capability()[0]}" \
+        f"{torch.cuda.get_device_capability()[1]}"
+    ids, pos = torch.randint(0, 100, (args.batch, 3)), torch.arange(3)
+    pkg = export(module, (ids, pos), file.dynamic_shapes, target, name=f"{kind}-decode")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pkg.save(out)
+    return out
+
+
+def report(rows: list, notes: list, peaks: dict, args) -> str:
+    lines = [f"# LLM decode and prefill with a static KV cache ({args.device}, {args.dtype}, batch {args.batch}, "
+             f"size {args.size})", "",
+             f"`python -m bench.decode --device {args.device} --models {' '.join(args.models)} --contexts "
+             f"{' '.join(map(str, args.contexts))} --batch {args.batch} --size {args.size} --dtype {args.dtype}`", "",
+             f"Measured bandwidth {peaks['copy_bytes_per_s'] / 1e9:.0f} GB/s (a large copy, this run). Median of "
+             f"{args.runs} calls after {args.warmup} warm-up calls. `vs compile`: tcpkg's latency over "
+             "torch.compile's (lower is better).", ""]
+    by = {(r["model"], r["backend"], r["phase"], r["context"]): r for r in rows}
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    compiled = next((b for b in backends if b.startswith("torch.compile")), None)
+    for phase in ("decode", "prefill"):
+        ctxs = sorted({r["context"] for r in rows if r["phase"] == phase})
+        if not ctxs:
+            continue
+        lines += [f"## {phase} (ms)", "", "| model | context | " + " | ".join(backends) +
+                  (" | vs compile | floor | vs floor |" if phase == "decode" else " | vs compile |"),
+                  "|---|---|" + "---|" * (len(backends) + (3 if phase == "decode" else 1))]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            for c in ctxs:
+                cells = []
+                for b in backends:
+                    r = by.get((model, b, phase, c))
+                    cells.append("—" if r is None else f"failed ({r.get('failed')})" if r["ms"] is None
+                                 else f"{r['ms']:.3f}")
+                t, k = by.get((model, "tcpkg", phase, c)), by.get((model, compiled, phase, c))
+                ratio = f"{t['ms'] / k['ms']:.2f}" if t and k and t["ms"] and k["ms"] else "—"
+                extra = [ratio]
+                if phase == "decode":
+                    fl = (t or k or {}).get("floor_ms")
+                    extra += [f"{fl:.3f}" if fl else "—", f"{t['ms'] / fl:.2f}" if t and t["ms"] and fl else "—"]
+                lines.append(f"| {model} | {c} | " + " | ".join(cells + extra) + " |")
+        lines.append("")
+    acc = [r for r in rows if r["phase"] == "accuracy"]
+    if acc:
+        lines += ["## accuracy (max |error| / max |logit| of a decode step after an 8-token prompt, vs float32 eager)",
+                  "", "| model | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
+        for model in dict.fromkeys(r["model"] for r in acc):
+            cells = [next((f"{r['error']:.1e}" for r in acc if r["model"] == model and r["backend"] == b), "—")
+                     for b in backends]
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if notes:
+        lines += ["## notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--models", nargs="+", default=["gpt2", "llama"])
+    p.add_argument("--contexts", nargs="+", type=int, default=[128, 1024])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--size", default=None, help="full (default on the GPU) or small (default on the CPU)")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default on the GPU) or float32 (default on the CPU)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--no-prefill", dest="prefill", action="store_false")
+    p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "tcexport-decode"))
+    p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--out", default=None, help="results file stem (default: <machine>-<date>-decode)")
+    args = p.parse_args(argv)
+    args.size = args.size or ("full" if args.device == "cuda" else "small")
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    from bench.floors import machine_peaks
+
+    peaks = machine_peaks(args.device, DTYPES[args.dtype], args.threads)
+    rows, notes = [], []
+    for kind in args.models:
+        run_model(kind, args, peaks, rows, notes)
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+    machine = (torch.cuda.get_device_name().lower().replace(" ", "-") if args.device == "cuda"
+               else f"{os.cpu_count()}core-{platform.machine()}")
+    stem = args.out or f"{machine}-{datetime.date.today().isoformat()}-decode-{args.device}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = report(rows, notes, peaks, args)
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"args": vars(args), "peaks": peaks, "rows": rows,
+                                                      "notes": notes}, indent=1, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

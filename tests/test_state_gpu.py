@@ -1,0 +1,74 @@
+"""Stateful packages on a real GPU: the state lives on the device, CUDA graphs replay per shape signature with the
+state written in place, sessions stay apart, and an LM generates transformers' tokens. Skips where there is no
+GPU (CI runs the same kernels in Triton's interpreter: test_state.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+from packages import EXAMPLES, MODELS, WORK, load_module  # noqa: E402
+from tcexport.exporter.pipeline import export  # noqa: E402
+from tcexport.loader import load  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+ARCH = "sm_%d%d" % torch.cuda.get_device_capability()
+
+
+def _kv_package():
+    module = load_module(MODELS / "kv_cache.py")
+    path = WORK / "kv_cache-gpu.tcpkg"
+    if not path.exists():
+        export(module.model(), module.example_inputs(), module.dynamic_shapes, f"cuda:{ARCH}",
+               name="kv_cache").save(path)
+    return path, module
+
+
+def _steps(seed, n=6):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, 3, 32, generator=g), torch.arange(3))] + \
+        [(torch.randn(1, 1, 32, generator=g), torch.tensor([3 + i])) for i in range(n)]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("inputs", ["numpy", "torch"])
+def test_sessions_on_the_gpu_equal_eager(graphs, inputs):
+    path, module = _kv_package()
+    model = load(path, "cuda", graphs=graphs)
+    a, b = model.new_session(), model.new_session()
+    eager_a, eager_b = module.model(), module.model()
+    for (xa, pa), (xb, pb) in zip(_steps(1), _steps(2)):
+        for session, eager, x, p in ((a, eager_a, xa, pa), (b, eager_b, xb, pb)):
+            with torch.no_grad():
+                want = eager(x, p).numpy()
+            if inputs == "torch":
+                got = session(x.cuda(), p.cuda()).cpu().numpy()
+            else:
+                got = session(x.numpy(), p.numpy())
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    for session, eager in ((a, eager_a), (b, eager_b)):
+        state = session.state()
+        for name in ("k_cache", "v_cache", "steps"):
+            np.testing.assert_allclose(state[name], getattr(eager, name).numpy(), rtol=1e-4, atol=1e-5)
+    a.reset_state()
+    assert int(a.state()["steps"]) == 7 and not a.state()["k_cache"].any()
+
+
+def test_greedy_generation_on_the_gpu_equals_transformers():
+    import os
+
+    os.environ.update(TCEXPORT_LM="llama", TCEXPORT_LM_SIZE="small")
+    file = load_module(EXAMPLES / "lm_cache.py")
+    path = WORK / "lm-llama-gpu.tcpkg"
+    spec_module = file.model()
+    export(spec_module, file.example_inputs(), file.dynamic_shapes, f"cuda:{ARCH}", name="llama").save(path)
+    generate = load_module(EXAMPLES / "generate.py").generate
+    hf = file.hf_model()
+    prompt = [5, 6, 7, 8]
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, 4:].tolist()
+    assert generate(load(path, "cuda"), prompt, 64) == want
