@@ -81,7 +81,7 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
     device, dtype = args.device, DTYPES[args.dtype]
     cache = max(args.contexts) + 64
     file = load_lm_file(kind, args.size, cache, args.batch)
-    module = file.model().to(device=device, dtype=dtype).eval()
+    module = file.model(device, dtype).eval()
     cfg = module.lm.model.config
     wbytes = unique_weight_bytes(module)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -113,7 +113,7 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
 
     # accuracy: one prompt then one decode step, each backend from an empty cache, against eager in float32
     with torch.no_grad():
-        reference = file.model().to(device=device, dtype=torch.float32).eval()
+        reference = file.model(device, torch.float32).eval()
         prompt, step = tok(8), tok(1)
         pos0, pos1 = torch.arange(8, device=device), torch.tensor([8], device=device)
         reference(prompt, pos0)
@@ -168,7 +168,7 @@ def export_package(file, kind: str, args, cache: int) -> Path:
     out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}.tcpkg"
     if out.exists() and not args.rebuild:
         return out
-    module = file.model().to(dtype=DTYPES[args.dtype]).eval()
+    module = file.model("cpu", DTYPES[args.dtype]).eval()
     target = "cpu" if args.device == "cpu" else f"cuda:sm_{torch.cuda.get_device_capability()[0]}" \
         f"{torch.cuda.get_device_capability()[1]}"
     ids, pos = torch.randint(0, 100, (args.batch, 3)), torch.arange(3)

@@ -54,14 +54,16 @@ class CachedLM(torch.nn.Module):
         super().__init__()
         lm.generation_config.use_cache = True
         lm.generation_config.cache_implementation = "static"
-        self.lm = TorchExportableModuleWithStaticCache(lm, batch_size=BATCH, max_cache_len=CACHE)
+        self.lm = TorchExportableModuleWithStaticCache(lm, batch_size=BATCH, max_cache_len=CACHE, device=lm.device)
 
     def forward(self, input_ids, cache_position):
         return self.lm(input_ids=input_ids, cache_position=cache_position)
 
 
-def model():
-    return CachedLM(hf_model())
+def model(device: str = "cpu", dtype: torch.dtype | None = None):
+    """The cached LM on ``device`` in ``dtype`` (the cache is made there: moving the module afterwards would
+    leave transformers' cache layers behind)."""
+    return CachedLM(hf_model().to(device=device, dtype=dtype))
 
 
 def example_inputs():

@@ -93,7 +93,7 @@ class StatefulModel:
         from .cuda_arrays import DeviceArray  # only for a CUDA model: the driver is already loaded
 
         arr = DeviceArray(self.base.device, value.shape, self._dtype_name(value))
-        arr.copy_from(np.ascontiguousarray(value))
+        arr.copy_from(np.array(value, order="C"))  # keeps a 0-d value 0-d (ascontiguousarray would not)
         return arr
 
     def _dtype_name(self, value: np.ndarray) -> str:
@@ -161,7 +161,7 @@ class Session:
                 if isinstance(a, np.ndarray):
                     a[...] = value
                 else:
-                    a.copy_from(np.ascontiguousarray(value))
+                    a.copy_from(np.array(value, order="C"))
 
     def spare(self, name: str, like):
         """The array a state that is not updated in place is written into (made once, then swapped)."""
