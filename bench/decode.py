@@ -6,7 +6,8 @@
 Every backend runs the same module: examples/lm_cache.py's ``CachedLM`` (transformers'
 ``TorchExportableModuleWithStaticCache`` over GPT-2 or a Llama-style model, random weights), eager, under
 ``torch.compile`` (``mode="reduce-overhead"`` on the GPU, transformers' documented fast path for a static cache;
-the default mode on the CPU), and exported as a stateful package. A decode step is one token at cache position
+the default mode on the CPU), on the CPU through ONNX Runtime (the cache as inputs and outputs), and exported as a
+stateful package. A decode step is one token at cache position
 ``context``; prefill is ``context`` tokens from position 0. Latency is the median of timed calls after warm-up.
 The memory floor of a decode step is the bytes it must read at least once (every weight, and the keys and values
 of the filled context) over the bandwidth of a large copy measured in the same run. Results go to
@@ -82,6 +83,7 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
     cache = max(args.contexts) + 64
     file = load_lm_file(kind, args.size, cache, args.batch)
     module = file.model(device, dtype).eval()
+    start = {n: b.detach().clone() for n, b in module.named_buffers()}
     cfg = module.lm.model.config
     wbytes = unique_weight_bytes(module)
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -97,6 +99,11 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
         backends[f"torch.compile({mode})"] = lambda ids, pos: compiled(ids, pos)
     except Exception as e:  # noqa: BLE001 - a backend that fails is labelled, not fatal
         notes.append(f"{kind}: torch.compile failed: {type(e).__name__}: {e}")
+    if device == "cpu":
+        try:
+            backends["onnxruntime"] = onnx_backend(file, args)
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{kind}: onnxruntime failed: {type(e).__name__}: {str(e)[:300]}")
     try:
         t0 = time.perf_counter()
         pkg_path = export_package(file, kind, args, cache)
@@ -123,9 +130,11 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
             try:
                 if name == "tcpkg":
                     session.reset_state()
-                else:
+                elif name == "onnxruntime":
+                    fn.reset()
+                else:  # the cache back to its start (not every buffer: RoPE's inv_freq is one too)
                     for buf_name, buf in module.named_buffers():
-                        buf.zero_()
+                        buf.copy_(start[buf_name])
                 fn(prompt, pos0)
                 got = fn(step, pos1).float()
                 err = float((got - want).abs().max()) / scale
@@ -160,6 +169,79 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
                     notes.append(f"{kind}: {name} prefill {context} failed: {type(e).__name__}: {str(e)[:200]}")
                     rows.append(dict(model=kind, backend=name, phase="prefill", context=context, batch=b, ms=None,
                                      failed=type(e).__name__))
+
+
+class OnnxDecoder:
+    """ONNX Runtime over the same program with its cache as inputs and outputs (how ORT serves a KV cache): the
+    functional program torch.export makes (the buffers' writes as outputs) exported to ONNX; each call feeds the
+    state the last call returned."""
+
+    def __init__(self, path: Path, state: list, threads: int):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.initial = [s.detach().numpy().copy() for s in state]
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = [s.copy() for s in self.initial]
+
+    def __call__(self, ids, pos):
+        outs = self.session.run(None, dict(zip(self.names, [ids.numpy(), pos.numpy()] + self.state)))
+        self.state = outs[1:]
+        return torch.from_numpy(outs[0])
+
+
+def onnx_backend(file, args) -> OnnxDecoder:
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    from tcexport.exporter.front.state import lift_buffer_aliases
+
+    module = file.model("cpu", DTYPES[args.dtype]).eval()
+    ids, pos = file.example_inputs()
+    seq = torch.export.Dim("seq", min=1, max=file.CACHE)
+    shapes = {"input_ids": {1: seq}, "cache_position": {0: seq}}
+    ep = torch.export.export(module, (ids, pos), dynamic_shapes=shapes, strict=False)
+    lift_buffer_aliases(ep, module)
+    ep = ep.run_decompositions()
+    sig = ep.graph_signature
+    names = [s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+    value = lambda t: ep.state_dict[t] if t in ep.state_dict else ep.constants[t]  # noqa: E731
+
+    class Functional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gm, self.kinds = ep.graph_module, []
+            for s in sig.input_specs:
+                if s.kind == InputKind.USER_INPUT:
+                    self.kinds.append(("user", None))
+                elif s.kind == InputKind.BUFFER and s.target in names:
+                    self.kinds.append(("state", names.index(s.target)))
+                else:
+                    self.register_buffer(f"c{len(self.kinds)}", value(s.target).detach().clone())
+                    self.kinds.append(("const", f"c{len(self.kinds)}"))
+
+        def run(self, ids, pos, state):
+            user = iter([ids, pos])
+            outs = self.gm(*[next(user) if kind == "user" else state[k] if kind == "state" else getattr(self, k)
+                             for kind, k in self.kinds])
+            return (outs[len(names)],) + tuple(outs[:len(names)])
+
+    # torch.onnx wants one named argument per state (a list argument is flattened when it checks the export)
+    arg_names = ", ".join(f"s{i}" for i in range(len(names)))
+    scope: dict = {}
+    exec(f"def forward(self, input_ids, cache_position, {arg_names}):\n"
+         f"    return self.run(input_ids, cache_position, [{arg_names}])", scope)
+    Functional.forward = scope["forward"]
+    state = [value(n).detach().clone() for n in names]
+    path = Path(args.work) / f"{file.KIND}-{args.size}-{args.dtype}-c{file.CACHE}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(Functional(), (ids, pos, *state), dynamo=True,
+                      dynamic_shapes={**shapes, **{f"s{i}": None for i in range(len(names))}}).save(str(path))
+    return OnnxDecoder(path, state, args.threads)
 
 
 def export_package(file, kind: str, args, cache: int) -> Path:

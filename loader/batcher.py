@@ -65,6 +65,12 @@ class Batcher:
     def __init__(self, model, max_batch: int | None = None, max_delay_ms: float = 0.0, on_batch=None):
         if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, (int, float)) or max_delay_ms < 0:
             raise TcError(f"max_delay_ms should be a number >= 0, got {max_delay_ms!r}")
+        if getattr(model.manifest, "state", ()):
+            names = ", ".join(s.name for s in model.manifest.state[:4]) + (", ..." if len(model.manifest.state) > 4
+                                                                           else "")
+            raise TcError(f"model {model.manifest.model!r} has state ({names}): each call continues the one before "
+                          "it, so requests cannot be batched or served from one shared model. Call it per "
+                          "conversation through model.new_session() (examples/generate.py).")
         self.model = model
         self._calls: list[tuple[int, float]] = []  # (rows, seconds) of the calls of the batch running now
         self.runner = RequestRunner(model, max_batch, on_call=lambda rows, s: self._calls.append((rows, s)))

@@ -61,6 +61,7 @@ def summary(m: Manifest, file_bytes: int | None = None) -> dict:
         "targets": [f"{k.target}:{k.isa}" if k.target == "cpu" else k.target for k in m.kernels],
         "kernels": kernels, "graphs": list(m.graphs),
         "symbols": {s.name: [s.min, s.max] for s in m.symbols},
+        "state": [x.to_json() for x in m.state],
     }
 
 
@@ -78,12 +79,30 @@ def summary_lines(s: dict, m: Manifest) -> list[str]:
              "outputs:     " + ", ".join(f"{x.name} {x.dtype}{x.shape_text()}" for x in m.outputs),
              "symbols:     " + (", ".join(f"{n} {lo}..{'inf' if hi is None else hi}"
                                           for n, (lo, hi) in s["symbols"].items()) or "none (static shapes)")]
+    if m.state:
+        lines.append("state:       " + _state_text(m))
     for gname, entry in s["kernels"].items():
         parts = [f"{where} {sum(kinds.values())} ({', '.join(f'{n} {k}' for k, n in kinds.items())})"
                  for where, kinds in entry.items()]
         lines.append(f"kernels:     {gname}: " + "; ".join(parts))
     lines += _metadata_lines(s["metadata"])
     return lines
+
+
+def _state_text(m: Manifest) -> str:
+    """The state in one line: how many buffers and bytes, the first names."""
+    from .dtypes import numpy_dtype
+
+    total = sum(numpy_dtype(m.inputs[x.input].dtype).itemsize * _count(m.inputs[x.input].shape) for x in m.state)
+    names = ", ".join(x.name for x in m.state[:3]) + (", ..." if len(m.state) > 3 else "")
+    return f"{len(m.state)} buffer(s), {human_bytes(total)} per session ({names})"
+
+
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _metadata_lines(metadata: dict) -> list[str]:
@@ -105,7 +124,13 @@ def describe(m: Manifest, names: list[str], archive=None) -> list[str]:
              "", "interface:"]
     lines += [f"  input  {s.name}: {s.dtype}{s.shape_text()}" for s in m.inputs]
     lines += [f"  output {s.name}: {s.dtype}{s.shape_text()}" for s in m.outputs]
-    lines += [f"  returns: {m.output_structure}", "", "symbols:"]
+    lines += [f"  returns: {m.output_structure}"]
+    if m.state:
+        lines += ["", "state (kept by the loader between calls, one copy per session; SPEC §2b):"]
+        lines += [f"  {x.name}: input {m.inputs[x.input].name} -> output {m.outputs[x.output].name}, "
+                  f"{m.inputs[x.input].dtype}{m.inputs[x.input].shape_text()}, starts {x.initial}"
+                  + (", updated in place" if x.in_place else "") for x in m.state]
+    lines += ["", "symbols:"]
     lines += [f"  {s.name}: {s.min}..{'inf' if s.max is None else s.max}" for s in m.symbols] or \
         ["  (none: all shapes static)"]
     lines += ["", "guards:"] + ([f"  {ex.to_text(g.expr)}    # {g.message}" for g in m.guards] or ["  (none)"])

@@ -187,3 +187,11 @@ def test_cuda_kernels_in_the_interpreter():
     for got, expected in zip(run_interpreted(path, cases), want):
         for g, w in zip(got, expected):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stateful_package_is_not_batched():
+    from tcexport.formats.errors import TcError
+    from tcexport.loader import Batcher
+
+    with pytest.raises(TcError, match="has state .*k_cache.*new_session"):
+        Batcher(load(built(KV)))
