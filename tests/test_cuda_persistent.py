@@ -18,7 +18,7 @@ from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.formats import expr as ex  # noqa: E402
 from tcexport.formats.errors import FormatError  # noqa: E402
-from tcexport.formats.manifest import FORMAT_VERSION, SM_COUNT, parse_manifest  # noqa: E402
+from tcexport.formats.manifest import GRAPHS_VERSION, SM_COUNT, parse_manifest  # noqa: E402
 from tcexport.formats.records import parse_cubin as _parse_cubin  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402
@@ -90,7 +90,7 @@ def test_the_sm_count_is_not_a_model_symbol(heads):
     doc["symbols"].append({"name": SM_COUNT, "min": 1, "max": None})
     with pytest.raises(FormatError, match="reserved"):
         parse_manifest(doc)
-    assert open_archive(path).manifest.format_version == FORMAT_VERSION
+    assert open_archive(path).manifest.format_version == GRAPHS_VERSION  # no state: still 1.8
 
 
 class TransposedA(torch.nn.Module):
