@@ -117,6 +117,11 @@ def stage_capture(r: Results) -> str:
     captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
                                precision=r.job.precision)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
+    if r.job.onnx and captured.state:
+        names = ", ".join(b.name for b in captured.state[:3]) + (", ..." if len(captured.state) > 3 else "")
+        raise ExportError(f"--onnx: the model keeps state ({names}: buffers its forward writes), which an ONNX model "
+                          f"cannot hold: its export would compute every call from the initial values. Drop --onnx "
+                          f"(ONNX Runtime takes a KV cache as inputs and outputs: bench/decode.py shows that export).")
     logged = "\n\n# torch's log during capture (kept off stderr)\n" + "\n".join(captured.torch_log) \
         if captured.torch_log else ""
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \

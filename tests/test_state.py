@@ -195,3 +195,16 @@ def test_a_stateful_package_is_not_batched():
 
     with pytest.raises(TcError, match="has state .*k_cache.*new_session"):
         Batcher(load(built(KV)))
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(onnx="file"), r"--onnx: the model keeps state \(k_cache, v_cache, steps"),
+    (dict(precision="bf16"), r"--precision bf16: the model writes its buffers in forward \(k_cache"),
+])
+def test_options_that_cannot_keep_state_say_so(option, message):
+    from tcexport.exporter.errors import ExportError
+    from tcexport.exporter.pipeline import export
+
+    module = load_module(MODELS / "kv_cache.py")
+    with pytest.raises(ExportError, match=message):
+        export(module.model(), module.example_inputs(), module.dynamic_shapes, **option)

@@ -138,6 +138,7 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     reference = None
     if precision is not None:
         first, _ = _export_accepting_fixes(spec, symbols, places, accepted, decompose=False)
+        _no_state_under_autocast(first, precision)
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
     torch_log: list[str] = []
@@ -151,6 +152,18 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
                     folded, reference, failures, torch_log, state.state_of(ep))
+
+
+def _no_state_under_autocast(ep, precision: str) -> None:
+    """A model that writes its own buffers (a KV cache) cannot take ``--precision``: under autocast its 16-bit
+    results would be written into float32 buffers, which torch refuses (index_copy_ needs one dtype)."""
+    written = state.written_buffers(ep)
+    if written:
+        raise CaptureError(f"--precision {precision}: the model writes its buffers in forward ({', '.join(written[:3])}"
+                           f"{', ...' if len(written) > 3 else ''}: state such as a KV cache), and under autocast it "
+                           f"would write 16-bit values into float32 buffers. Export the model in that dtype instead "
+                           f"(model.to(torch.bfloat16) in model(), so the cache is made in 16 bits too) without "
+                           f"--precision.")
 
 
 MAX_FIX_ROUNDS = 4

@@ -97,3 +97,17 @@ def _nodes_in(args) -> set:
     found: set = set()
     torch.fx.node.map_arg(args, lambda n: found.add(n))
     return found
+
+
+def written_buffers(ep: torch.export.ExportedProgram) -> list[str]:
+    """The buffers ``ep`` writes, functional or not: BUFFER_MUTATION outputs, or (before decomposition, where the
+    writes are still in-place ops) an in-place op whose first argument is a buffer."""
+    sig = ep.graph_signature
+    names = [s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
+    buffers = {s.arg.name: s.target for s in sig.input_specs if s.kind == InputKind.BUFFER}
+    for n in ep.graph.nodes:
+        op = getattr(n.target, "_schema", None)
+        first = n.args[0] if n.op == "call_function" and n.args else None
+        if op is not None and op.name.endswith("_") and isinstance(first, torch.fx.Node) and first.name in buffers:
+            names.append(buffers[first.name])
+    return list(dict.fromkeys(names))
