@@ -195,7 +195,8 @@ def _parse(d: Any) -> Manifest:
         if len({s.name for s in specs}) != len(specs):
             raise FormatError(f"manifest: {group} has duplicate names")
     structure = need(d, "output_structure", str, "manifest")
-    stateful = len(d.get("state") or []) if tuple(version) >= STATE_VERSION and isinstance(d.get("state"), list) else 0
+    listed = d.get("state") if version >= STATE_VERSION else None
+    stateful = len(listed) if isinstance(listed, list) else 0  # output_structure counts the model's own outputs
     if structure not in ("single", "tuple") or (structure == "single" and len(outputs) - stateful != 1):
         raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {len(outputs) - stateful} "
                           f"output(s)")

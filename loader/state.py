@@ -4,7 +4,9 @@ The graphs take each state as an input and return its new value as an output; th
 caller and owns the arrays. Each ``Session`` has its own state over the one loaded model (weights, kernels,
 CUDA graphs are shared), so concurrent conversations never see each other's values; the model's own calls use
 a default session. A state marked ``in_place`` is one array the kernels read and write; any other is written into
-a second array and the two swap after the call, so a call that fails leaves the state as it was.
+a second array and the two swap after the call, so a call that fails leaves it as it was; an in-place state is
+written by its own kernel, after that write's own checks (a position outside the cache fails before anything is
+written), but a check that fails in a later kernel leaves the earlier writes done: ``reset_state()`` then.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class StatefulModel:
         preset = {}
         for s in m.state:
             own = session.arrays[s.name]
-            preset[s.output] = own if s.in_place else session.spare(s.name, own)
+            preset[s.output] = own if s.in_place else session.spare(s.name)
         if self._on_device:
             full = [None] * len(m.inputs)
             for k, v in zip(self._user_in, values):
@@ -163,7 +165,7 @@ class Session:
                 else:
                     a.copy_from(np.array(value, order="C"))
 
-    def spare(self, name: str, like):
+    def spare(self, name: str):
         """The array a state that is not updated in place is written into (made once, then swapped)."""
         spare = self._spares.get(name)
         if spare is None:

@@ -79,7 +79,8 @@ def state_of(ep: torch.export.ExportedProgram) -> list[StateBuffer]:
     out = []
     for name in mutated:
         value = ep.state_dict.get(name) if name in ep.state_dict else ep.constants.get(name)
-        out.append(StateBuffer(name, value.detach().clone(), _writes_in_place(readers.get(name, []), bases.get(name, set()), written[name])))
+        in_place = _writes_in_place(readers.get(name, []), bases.get(name, set()), written[name])
+        out.append(StateBuffer(name, value.detach().clone(), in_place))
     return out
 
 
