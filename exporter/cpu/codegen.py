@@ -253,34 +253,6 @@ def _store_body(k: Kernel, s) -> ir.Value:
     return body if s.node.out.name in k.local else _without_final_round(body, s.node.out.dtype)
 
 
-def kept_sums(k: Kernel) -> dict:
-    """Softmax's normalising sweep, ``out = exp(x - max) / sum``, recomputes the very terms the sum sweep just
-    added. Where a later ``inner`` stage stores ``term / sum`` and ``term`` is a ``sum`` stage's body with an
-    ``exp`` in it, the sum sweep also stores each term into that stage's output and the later sweep divides what it
-    reads back: one ``exp`` per element instead of two, the same values (the stored term is the summed one; only
-    where the output is stored at full width, so no rounding comes between). Returns id(sum stage) ->
-    (the storing stage, None) and id(storing stage) -> (itself, its new body)."""
-    out: dict = {}
-    sums = [s for s in k.stages if s.level == "reduce" and s.node.reduce_op == "sum" and s.node.out.name in k.local]
-    for at, s in enumerate(k.stages):
-        body = _store_body(k, s) if s.level == "inner" and s.node.out.name not in k.local else None
-        if not (isinstance(body, ir.Op) and body.op == "div" and s.node.out.dtype in ("float32", "float64")):
-            continue
-        term, total = body.args
-        for r in sums:
-            if id(r) in out or k.stages.index(r) > at or not (isinstance(total, ir.Load) and total.buffer == r.node.out.name):
-                continue
-            summed = ir.subs_index(r.node.body, r.var_map)
-            if summed == term and term.dtype == s.node.out.dtype and \
-                    any(isinstance(v, ir.Op) and v.op == "exp" for v in ir.walk(term)):
-                index = tuple(s.var_map.get(ir.ivar(d), sympy.Integer(0)) for d in range(len(s.node.ranges)))
-                again = ir.Load(s.node.out.dtype, s.node.out.name, index)
-                out[id(r)] = (s, None)
-                out[id(s)] = (s, ir.Op(body.dtype, "div", (again, total)))
-                break
-    return out
-
-
 def _without_final_round(body: ir.Value, dtype: str) -> ir.Value:
     """``body`` less a final cast to the 16-bit float ``dtype`` (the store after it rounds to that dtype)."""
     if dtype not in HALF_CONVERSIONS or not (isinstance(body, ir.Op) and body.op == "cast" and body.dtype == dtype):
@@ -368,7 +340,6 @@ class CppKernelWriter:
     # --- loop kernels ---------------------------------------------------------------------------------
 
     def _loops(self, k: Kernel) -> list[str]:
-        self.kept = kept_sums(k)
         outer_vars = [f"o{d}" for d in range(len(k.outer))]
         depth = len(k.outer)
         # the innermost loop of a pure pointwise kernel stays inside the body, where it vectorises
@@ -465,14 +436,10 @@ class CppKernelWriter:
         def step(inner_indent: str) -> list[str]:
             em = CppEmitter(self.prog, locals_, inner_indent, self.names)
             for s in loop.stages:
-                kept = self.kept.get(id(s))
+                val = em.emit(_store_body(k, s) if loop.level != "reduce" else ir.subs_index(s.node.body, s.var_map))
                 if loop.level == "reduce":
-                    val = em.emit(ir.subs_index(s.node.body, s.var_map))
                     em.lines.append(inner_indent + plans[id(s)][0].format(v=val, idx=cindex(flat_position(k.inner))))
-                    if kept is not None:  # the summed terms, kept where the normalising sweep reads them back
-                        em.lines += self._store(k, kept[0], val, locals_, inner_indent)
                 else:
-                    val = em.emit(kept[1] if kept is not None else _store_body(k, s))
                     em.lines += self._store(k, s, val, locals_, inner_indent)
             return em.lines
 
