@@ -7,6 +7,7 @@ dynamic ``seq`` serves the prompt (seq = its length) and every decode step (seq 
     TCEXPORT_LM=llama tcexport examples/lm_cache.py -o llama.tcpkg   # Llama-style: RoPE, RMSNorm, grouped KV heads
     python examples/generate.py gpt2.tcpkg --prompt 5 6 7 8 --new 64  # generate torch-free
 
+Needs transformers 5 (its static-cache wrapper takes ``batch_size``, ``max_cache_len`` and ``device``).
 TCEXPORT_LM_SIZE=full uses GPT-2 small's / a ~1B Llama's real sizes (random weights): what the benchmark measures;
 TCEXPORT_LM_CACHE sets the cache length, TCEXPORT_LM_BATCH the batch (both fixed in the package, as in
 transformers' static cache).
