@@ -106,28 +106,15 @@ class StatefulModel:
     def _step(self, session: "Session", args: tuple, kwargs: dict):
         values = gather(self.manifest.model, self._names, args, kwargs)
         m = self.manifest
-        preset = {}
-        for s in m.state:
-            own = session.arrays[s.name]
-            preset[s.output] = own if s.in_place else session.spare(s.name)
+        preset = {s.output: session.arrays[s.name] if s.in_place else session.spare(s.name) for s in m.state}
         if self._on_device:
-            full = [None] * len(m.inputs)
-            for k, v in zip(self._user_in, values):
-                full[k] = v
-            for s in m.state:
-                full[s.input] = session.arrays[s.name]
-            outs = self.base.outputs_of(full, preset)
+            outs = self.base.outputs_of(self._with_state(values, session), preset)
             host = all(isinstance(v, np.ndarray) for v in values)
             result = [outs[k].numpy() if host and not isinstance(outs[k], np.ndarray) else outs[k]
                       for k in self._user_out]
         else:
             arrays, as_torch = convert_inputs(values, self._names)
-            full = [None] * len(m.inputs)
-            for k, a in zip(self._user_in, arrays):
-                full[k] = a
-            for s in m.state:
-                full[s.input] = session.arrays[s.name]
-            outs = self.base.run_arrays(full, preset)
+            outs = self.base.run_arrays(self._with_state(arrays, session), preset)
             result = [outs[k] for k in self._user_out]
             if as_torch:
                 result = convert_outputs(result, True)
@@ -135,6 +122,15 @@ class StatefulModel:
             if not s.in_place:
                 session.swap(s.name, outs[s.output])
         return result[0] if self._single else tuple(result)
+
+    def _with_state(self, values: list, session: "Session") -> list:
+        """Every graph input in manifest order: the caller's values, and the session's state where it goes."""
+        full = [None] * len(self.manifest.inputs)
+        for k, v in zip(self._user_in, values):
+            full[k] = v
+        for s in self.manifest.state:
+            full[s.input] = session.arrays[s.name]
+        return full
 
 
 class Session:
