@@ -118,7 +118,9 @@ def stage_capture(r: Results) -> str:
                                precision=r.job.precision)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
     if r.job.onnx and captured.state:
-        names = ", ".join(b.name for b in captured.state[:3]) + (", ..." if len(captured.state) > 3 else "")
+        from tcexport.formats.state import first_names
+
+        names = first_names(b.name for b in captured.state)
         raise ExportError(f"--onnx: the model keeps state ({names}: buffers its forward writes), which an ONNX model "
                           f"cannot hold: its export would compute every call from the initial values. Drop --onnx "
                           f"(ONNX Runtime takes a KV cache as inputs and outputs: bench/decode.py shows that export).")

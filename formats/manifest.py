@@ -195,11 +195,6 @@ def _parse(d: Any) -> Manifest:
         if len({s.name for s in specs}) != len(specs):
             raise FormatError(f"manifest: {group} has duplicate names")
     structure = need(d, "output_structure", str, "manifest")
-    listed = d.get("state") if version >= STATE_VERSION else None
-    stateful = len(listed) if isinstance(listed, list) else 0  # output_structure counts the model's own outputs
-    if structure not in ("single", "tuple") or (structure == "single" and len(outputs) - stateful != 1):
-        raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {len(outputs) - stateful} "
-                          f"output(s)")
 
     guards = []
     for i, g in enumerate(need(d, "guards", list, "manifest")):
@@ -241,6 +236,9 @@ def _parse(d: Any) -> Manifest:
     state_file = d.get("state_file") if version >= STATE_VERSION else None
     state = parse_state(d.get("state", []), state_file, inputs, outputs, members) \
         if version >= STATE_VERSION else ()
+    own = len(outputs) - len(state)  # output_structure counts the model's own outputs, not the state's
+    if structure not in ("single", "tuple") or (structure == "single" and own != 1):
+        raise FormatError(f"manifest: output_structure {structure[:40]!r} does not fit {own} output(s)")
     graphs_json = version >= GRAPHS_VERSION
     trainable = parse_trainable(w.get("trainable", []), weights, "weights.trainable") if graphs_json else \
         parse_trainable(list(legacy_trainable(d)), weights, "training.trainable")

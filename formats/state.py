@@ -33,6 +33,12 @@ class StateSpec:
                 "in_place": self.in_place}
 
 
+def first_names(names, most: int = 3) -> str:
+    """The first ``most`` names, then "..." when there are more: how a message lists a package's state."""
+    names = list(names)
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
 def parse_state(items: Any, state_file: Any, inputs: tuple, outputs: tuple, members: dict) -> tuple:
     """``state`` checked against the inputs and outputs it pairs: each input and output at most once, with one
     dtype and one static shape, and its initial value's member listed."""

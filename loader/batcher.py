@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tcexport.formats.errors import ArityError, TcError
+from tcexport.formats.state import first_names
 
 from .arrays import convert_inputs, convert_outputs
 from .request_runner import Outcome, RequestRunner
@@ -65,9 +66,8 @@ class Batcher:
     def __init__(self, model, max_batch: int | None = None, max_delay_ms: float = 0.0, on_batch=None):
         if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, (int, float)) or max_delay_ms < 0:
             raise TcError(f"max_delay_ms should be a number >= 0, got {max_delay_ms!r}")
-        if getattr(model.manifest, "state", ()):
-            names = ", ".join(s.name for s in model.manifest.state[:4]) + (", ..." if len(model.manifest.state) > 4
-                                                                           else "")
+        if model.manifest.state:
+            names = first_names((s.name for s in model.manifest.state), most=4)
             raise TcError(f"model {model.manifest.model!r} has state ({names}): each call continues the one before "
                           "it, so requests cannot be batched or served from one shared model. Call it per "
                           "conversation through model.new_session() (examples/generate.py).")

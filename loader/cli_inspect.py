@@ -5,12 +5,14 @@ bytes by kind, kernels by kind, targets). Sizes are shown human-readable, with e
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 
 from tcexport.formats import expr as ex
 from tcexport.formats.dtypes import DTYPES
 from tcexport.formats.manifest import Manifest
+from tcexport.formats.state import first_names
 
 from .cli_base import human_bytes, human_count
 
@@ -93,16 +95,8 @@ def _state_text(m: Manifest) -> str:
     """The state in one line: how many buffers and bytes, the first names."""
     from .dtypes import numpy_dtype
 
-    total = sum(numpy_dtype(m.inputs[x.input].dtype).itemsize * _count(m.inputs[x.input].shape) for x in m.state)
-    names = ", ".join(x.name for x in m.state[:3]) + (", ..." if len(m.state) > 3 else "")
-    return f"{len(m.state)} buffer(s), {human_bytes(total)} per session ({names})"
-
-
-def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    total = sum(numpy_dtype(m.inputs[x.input].dtype).itemsize * math.prod(m.inputs[x.input].shape) for x in m.state)
+    return f"{len(m.state)} buffer(s), {human_bytes(total)} per session ({first_names(x.name for x in m.state)})"
 
 
 def _metadata_lines(metadata: dict) -> list[str]:

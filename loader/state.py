@@ -39,6 +39,7 @@ class StatefulModel:
         self._user_out = [k for k in range(len(m.outputs)) if k not in state_out]
         self._names = tuple(m.inputs[k].name for k in self._user_in)
         self._single = m.output_structure == "single"
+        self._specs = {s.name: m.inputs[s.input] for s in m.state}
         self._initial = initial_state(self.archive, m)
         self._default = Session(self)
 
@@ -59,7 +60,7 @@ class StatefulModel:
     @property
     def state_specs(self) -> list:
         """Each state's name, dtype and shape (the manifest's input spec of it)."""
-        return [self.manifest.inputs[s.input] for s in self.manifest.state]
+        return list(self._specs.values())
 
     def __call__(self, *args, **kwargs):
         return self._default(*args, **kwargs)
@@ -87,21 +88,19 @@ class StatefulModel:
 
     def _fresh(self) -> dict:
         """New arrays holding the initial state (host or device, where the kernels read them)."""
-        return {name: self._place(value) for name, value in self._initial.items()}
+        return {name: self._place(name) for name in self._initial}
 
-    def _place(self, value: np.ndarray):
+    def _place(self, name: str):
+        """A new array holding state ``name``'s initial value."""
+        value = self._initial[name]
         if not self._on_device:
             return value.copy()
         from .cuda_arrays import DeviceArray  # only for a CUDA model: the driver is already loaded
 
-        arr = DeviceArray(self.base.device, value.shape, self._dtype_name(value))
+        spec = self._specs[name]
+        arr = DeviceArray(self.base.device, tuple(spec.shape), spec.dtype)
         arr.copy_from(np.array(value, order="C"))  # keeps a 0-d value 0-d (ascontiguousarray would not)
         return arr
-
-    def _dtype_name(self, value: np.ndarray) -> str:
-        from .dtypes import dtype_name
-
-        return dtype_name(value.dtype)
 
     def _step(self, session: "Session", args: tuple, kwargs: dict):
         values = gather(self.manifest.model, self._names, args, kwargs)
@@ -111,7 +110,7 @@ class StatefulModel:
             outs = self.base.outputs_of(self._with_state(values, session), preset)
             host = all(isinstance(v, np.ndarray) for v in values)
             result = [outs[k].numpy() if host and not isinstance(outs[k], np.ndarray) else outs[k]
-                      for k in self._user_out]
+                      for k in self._user_out]  # numpy in, numpy out (a torch caller keeps its tensors)
         else:
             arrays, as_torch = convert_inputs(values, self._names)
             outs = self.base.run_arrays(self._with_state(arrays, session), preset)
@@ -148,8 +147,7 @@ class Session:
 
     def state(self) -> dict:
         with self._lock:
-            return {name: (a.numpy() if hasattr(a, "numpy") and not isinstance(a, np.ndarray) else a.copy())
-                    for name, a in self.arrays.items()}
+            return {name: a.copy() if isinstance(a, np.ndarray) else a.numpy() for name, a in self.arrays.items()}
 
     def reset_state(self) -> None:
         """Every state back to the package's initial value (the arrays are kept)."""
@@ -165,7 +163,7 @@ class Session:
         """The array a state that is not updated in place is written into (made once, then swapped)."""
         spare = self._spares.get(name)
         if spare is None:
-            spare = self._spares[name] = self._model._place(self._model._initial[name])
+            spare = self._spares[name] = self._model._place(name)
         return spare
 
     def swap(self, name: str, written) -> None:

@@ -34,6 +34,7 @@ from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSi
 from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.model_file import ModelSpec
+from tcexport.formats.state import first_names
 
 aten = torch.ops.aten
 
@@ -159,8 +160,8 @@ def _no_state_under_autocast(ep, precision: str) -> None:
     results would be written into float32 buffers, which torch refuses (index_copy_ needs one dtype)."""
     written = state.written_buffers(ep)
     if written:
-        raise CaptureError(f"--precision {precision}: the model writes its buffers in forward ({', '.join(written[:3])}"
-                           f"{', ...' if len(written) > 3 else ''}: state such as a KV cache), and under autocast it "
+        raise CaptureError(f"--precision {precision}: the model writes its buffers in forward ({first_names(written)}"
+                           f": state such as a KV cache), and under autocast it "
                            f"would write 16-bit values into float32 buffers. Export the model in that dtype instead "
                            f"(model.to(torch.bfloat16) in model(), so the cache is made in 16 bits too) without "
                            f"--precision.")
