@@ -122,6 +122,8 @@ def describe(v, name: str, device: Device) -> ArrayMeta:
             raise DtypeError(f"input {name!r} is not contiguous (strides {v.stride()}); pass {name}.contiguous()",
                              input=name, expected="contiguous", got=str(v.stride()), rule="layout")
         return ArrayMeta(tuple(v.shape), numpy_dtype_of(v.dtype), v.data_ptr(), v.numel() * v.element_size())
+    if isinstance(v, DeviceArray):  # its own dtype: the interface can only say "<u2" for bfloat16
+        return ArrayMeta(v.shape, numpy_dtype(v.dtype), v.ptr, v.nbytes)
     cai = getattr(v, "__cuda_array_interface__", None)
     if cai is None:
         raise DtypeError(f"input {name!r}: expected a CUDA array (a torch CUDA tensor, a CuPy array, or anything with "

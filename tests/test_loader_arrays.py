@@ -100,3 +100,12 @@ def test_torch_outputs_keep_dtype_for_every_untagged_dtype():
         a = np.zeros(3, dt)
         out = convert_outputs([a], True)[0]
         assert out.numpy().dtype == a.dtype and out.data_ptr() == a.ctypes.data   # zero copy
+
+
+def test_a_device_array_keeps_its_bfloat16_dtype_when_passed_back():
+    """The loader's own device arrays (outputs, a session's KV cache) can only say "<u2" through
+    __cuda_array_interface__; passed back as inputs they keep their dtype, or a bf16 cache fails its own guard."""
+    from tcexport.loader.cuda_arrays import DeviceArray, describe
+
+    meta = describe(DeviceArray.alias(None, 4096, (2, 3), "bfloat16", owner=None), "cache", None)
+    assert dtype_name(meta.dtype) == "bfloat16" and meta.shape == (2, 3) and meta.nbytes == 12 and not meta.host

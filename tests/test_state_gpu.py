@@ -58,6 +58,26 @@ def test_sessions_on_the_gpu_equal_eager(graphs, inputs):
     assert int(a.state()["steps"]) == 7 and not a.state()["k_cache"].any()
 
 
+def test_a_bfloat16_cache_on_the_gpu_equals_eager():
+    """A bf16 state lives on the device as the loader's own arrays, fed back to every call."""
+    module = load_module(MODELS / "kv_cache.py")
+    eager = module.model().to(torch.bfloat16)
+    path = WORK / "kv_cache-bf16-gpu.tcpkg"
+    x, pos = module.example_inputs()
+    export(module.model().to(torch.bfloat16), (x.bfloat16(), pos), module.dynamic_shapes, f"cuda:{ARCH}",
+           name="kv_cache_bf16").save(path)
+    session = load(path, "cuda").new_session()
+    for x, p in _steps(3):
+        with torch.no_grad():
+            want = eager(x.bfloat16(), p).float()
+        got = session(x.bfloat16().cuda(), p.cuda()).float().cpu()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    cache = session.state()["k_cache"]
+    assert cache.shape == tuple(eager.k_cache.shape)
+    torch.testing.assert_close(torch.from_numpy(cache.view(np.int16)).view(torch.bfloat16).float(),
+                               eager.k_cache.float(), rtol=2e-2, atol=2e-2)
+
+
 def test_greedy_generation_on_the_gpu_equals_transformers():
     import os
 
