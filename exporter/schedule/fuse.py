@@ -84,9 +84,14 @@ def _read_indirectly(prog: ir.Program, buf: str, nodes=None) -> bool:
 
 
 def _same_element_loads(p: ir.Node, buf: ir.Buffer) -> bool:
-    """Every read of ``buf`` in p's body is the element at p's own storage position (same flat offset)."""
-    here = p.out.flat_index(tuple(ir.ivar(k) for k in range(len(p.ranges))))
-    return all(sympy.expand(buf.flat_index(ld.index) - here) == 0 for ld in ir.loads(p.body) if ld.buffer == buf.name) \
+    """Every read of ``buf`` in p's body is the element at p's own storage position (same flat offset). The
+    index variable of a size-1 dim is 0: a batch-1 model's residual add, [1, seq, d] over the GEMM's [seq, d],
+    is element for element (read as ``i0*seq*d + ...`` it was not, so every residual add of a static batch-1
+    LM stayed a separate read of the GEMM's output, and inlining made each layer re-add all earlier ones)."""
+    ones = {ir.ivar(k): 0 for k, size in enumerate(p.ranges) if size == 1}
+    here = sympy.sympify(p.out.flat_index(tuple(ir.ivar(k) for k in range(len(p.ranges))))).xreplace(ones)
+    return all(sympy.expand(sympy.sympify(buf.flat_index(ld.index)).xreplace(ones) - here) == 0
+               for ld in ir.loads(p.body) if ld.buffer == buf.name) \
         and not any(ld.buffer == buf.name for ld in ir.indirect_loads(p.body))
 
 
@@ -266,6 +271,18 @@ def _index_only(body: ir.Value) -> bool:
         and not any(v.op in EXPENSIVE_OPS for v in ops)
 
 
+def _rereads_pay(body: ir.Value, readers: int) -> bool:
+    """Inlining into ``readers`` nodes reads the body's L inputs once per reader (readers * L); keeping the
+    node reads them once, writes it once and reads it once per reader (L + 1 + readers). Without this bound a
+    chain of residual adds, each read by the next add and a norm, grows by one input per layer: layer n's norm
+    re-adds all n earlier outputs (quadratic in depth). L counts the buffers read, not the index sources of a
+    gather; a body of at most two stays inlined (an embedding sum: a launch costs more than its rereads)."""
+    sources = {ld.buffer for v in ir.walk(body) if isinstance(v, ir.LoadIndirect)
+               for s in v.sources for ld in ir.loads(s)}
+    inputs = len({v.buffer for v in ir.walk(body) if isinstance(v, (ir.Load, ir.LoadIndirect))} - sources)
+    return inputs <= 2 or readers * inputs <= inputs + 1 + readers
+
+
 def inline_pointwise(prog: ir.Program) -> None:
     for p in list(prog.nodes):
         if p.kind != "pointwise" or p.out.kind == "output":
@@ -280,6 +297,8 @@ def inline_pointwise(prog: ir.Program) -> None:
         recompute = _index_only(p.body) and not any(r.kind == "gemm" for r in readers)
         if not _cheap(p.body) and not recompute and \
                 not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
+            continue
+        if not recompute and not _rereads_pay(p.body, len(readers)):
             continue
         for r in readers:
             r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
