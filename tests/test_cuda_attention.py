@@ -214,3 +214,50 @@ def test_probabilities_returned_as_an_output_are_not_fused_away():
     got = run_interpreted(path, [[t.numpy() for t in case]])[0]
     for g, w in zip(got, ReturnsWeights()(*case)):
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-5)
+
+
+class CacheAttention(torch.nn.Module):
+    """Queries of a dynamic length over a static cache of keys, masked beyond each query's position (a
+    transformers static cache's decode step and prefill), the bool mask built from the position as there."""
+
+    def forward(self, q, k, v, position):
+        keys = torch.arange(k.size(2))
+        rows = position + torch.arange(q.size(2))
+        keep = keys[None, :] <= rows[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def _cache_case(lq, position, seed, cache=512, dtype=torch.float32):
+    q, k, v = _qkv(2, 3, lq, 32, lk=cache, seed=seed, dtype=dtype)
+    return [q, k, v, torch.tensor(position)]
+
+
+def test_few_query_rows_over_a_static_cache_split_the_keys_and_skip_empty_blocks():
+    """Up to 16 query rows (a decode step) the keys of a static 512-key cache split over 4 programs a head, whose
+    partial results a combining kernel merges (schedule/split_kv.py); more rows run the one attention kernel.
+    Exactly one path runs per length; blocks of keys past the position are all -inf and skipped. Both equal
+    eager at lengths on either side of the split and with the position at either end of the cache."""
+    from tcexport.formats import expr as ex
+
+    path = _export(CacheAttention(), _cache_case(4, 3, 0), {"q": SEQ}, "cache_split")
+    launches = [l for l in open_archive(path).manifest.cuda.launches if "attention" in l.name]
+    names = [l.name.rsplit("_attention", 1)[1] for l in launches]
+    assert names == ["", "_split", "_combine"], [l.name for l in launches]
+    assert launches[1].block["SPLITS"] == 4 and str(launches[1].grid[2]) == "4"
+    for seq in (1, 16, 17, 64):
+        runs = [min(ex.evaluate(g, {"seq": seq}) for g in l.grid) > 0 for l in launches]
+        assert runs == [seq > 16, seq <= 16, seq <= 16], (seq, runs)
+    cases = [_cache_case(lq, pos, seed) for seed, (lq, pos) in
+             enumerate([(1, 0), (1, 200), (1, 511), (5, 130), (16, 496), (17, 0), (40, 300)])]
+    _check(path, CacheAttention(), cases)
+
+
+def test_a_bfloat16_decode_step_over_a_split_cache_matches_eager_within_bf16():
+    path = _export(CacheAttention(), _cache_case(4, 3, 0, dtype=torch.bfloat16), {"q": SEQ}, "cache_split_bf16")
+    for lq, pos in ((1, 300), (3, 64)):
+        case = _cache_case(lq, pos, lq, dtype=torch.bfloat16)
+        got = run_interpreted(path, [[t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+                                      for t in case]])
+        out = torch.from_numpy(np.asarray(got[0][0]).view(np.uint16).astype(np.int32)).to(torch.int16)
+        want = CacheAttention()(*[t.double() if t.is_floating_point() else t for t in case])
+        np.testing.assert_allclose(out.view(torch.bfloat16).double().numpy(), want.numpy(), rtol=2e-2, atol=2e-2)

@@ -167,17 +167,21 @@ def test_sampling_is_seeded(lm):
     assert generate(model, [1, 2], 16, top_k=1, seed=9) == generate(model, [1, 2], 16)
 
 
-def test_cuda_kernels_in_the_interpreter():
+@pytest.mark.parametrize("cache", [16, 512])
+def test_cuda_kernels_in_the_interpreter(cache):
     """The GPU kernels (the cache write, attention over the cache) in Triton's interpreter: the graph with its
-    state as plain inputs and outputs, a prompt then a decode step, each against eager."""
+    state as plain inputs and outputs, a prompt then a decode step, each against eager. A 512-entry cache
+    splits its keys over 4 programs a head (schedule/split_kv.py), and skips the blocks past the position."""
     from tcexport.exporter.check.interpret import run_interpreted
     from tcexport.exporter.pipeline import export
 
     module = load_module(MODELS / "kv_cache.py")
-    path = WORK / "kv_cache-cuda.tcpkg"
-    export(module.model(), module.example_inputs(), module.dynamic_shapes, "cuda:sm_90", name="kv_cache",
-           build_cubins=False).save(path)
-    eager = module.model()
+    path = WORK / f"kv_cache-cuda-{cache}.tcpkg"
+    pkg = export(module.model(cache), module.example_inputs(), module.dynamic_shapes, "cuda:sm_90",
+                 name="kv_cache", build_cubins=False)
+    pkg.save(path)
+    assert any(launch.name.endswith("_split") for launch in pkg.manifest.cuda.launches) == (cache == 512)
+    eager = module.model(cache)
     cases, want = [], []
     for x, pos in _steps(6, 1):
         state = [eager.k_cache.numpy().copy(), eager.v_cache.numpy().copy(), eager.steps.numpy().copy()]

@@ -16,7 +16,7 @@ from tcexport.exporter.cuda.tiles import AttentionConfig, Geometry, attention_co
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
 from tcexport.exporter.ir.kernels import Kernel
-from tcexport.exporter.schedule.attention import scores as attention_scores
+from tcexport.exporter.schedule.attention import scores as attention_scores, skips_masked_keys
 
 
 def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
@@ -52,29 +52,33 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
         f"{ind}m_i = tl.full((BM,), float('-inf'), tl.float32)",
         f"{ind}l_i = tl.zeros((BM,), dtype=tl.float32)",
         f"{ind}acc = tl.zeros((BM, BDV), dtype=tl.float32)",
-        f"{ind}for kk in range(0, tl.cdiv(N, BN)):",
-        f"{body}rn = kk * BN + rn0",
     ]
+    split = k.kv_split
+    if split is None:
+        lines.append(f"{ind}for kk in range(0, tl.cdiv(N, BN)):")
+    else:  # this program's slice of the key blocks (schedule/split_kv.py)
+        lines += [f"{ind}sid = tl.program_id(2){cast}",
+                  f"{ind}per = tl.cdiv(tl.cdiv(N, BN), SPLITS)",
+                  f"{ind}for kk in range(sid * per, tl.minimum(sid * per + per, tl.cdiv(N, BN))):"]
+    lines += [f"{body}rn = kk * BN + rn0"]
+    lines.append(f"{body}smask = (rm[:, None] < M) & (rn[None, :] < N)")
+    if skips_masked_keys(k):  # a block whose scores are -inf whatever q and k are is skipped
+        lines += [f"{body}s_zero = tl.zeros((BM, BN), dtype=tl.float32)"]
+        zero = _scores(sc, k, "s_zero", body, lines)
+        lines += [f"{body}if tl.sum(tl.sum(((({zero}) != float('-inf')) & smask).to(tl.int32), 1), 0) > 0:"]
+        body += "    "
     k_ptrs = operand_ptr(sc, g1.b, "bid", "rd[:, None]", "rn[None, :]", lines, body)
     lines += [
         f"{body}kt = tl.load({k_ptrs}, mask=(rd[:, None] < D) & (rn[None, :] < N), other=0.0){widen_k}",
         f"{body}s = tl.dot(q, kt{precision1})",
-        f"{body}smask = (rm[:, None] < M) & (rn[None, :] < N)",
     ]
-    if qk.body is not None:
-        lines += gemm_coords(qk, "rm[:, None]", "rn[None, :]", body)
-    s = epilogue(sc, qk, "s", "smask", body, lines)
-    value, s_load = attention_scores(k)  # what the softmax applied to the scores (a mask fused there)
-    if value != s_load:
-        lines += matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", body)
-        em = TritonEmitter(sc, {}, body, "smask", col=ir.ivar(len(k.stages[3].node.out.shape) - 1))
-        em.memo[s_load] = s
-        s = em.tensor(value)
-        lines += em.lines
+    s = _scores(sc, k, "s", body, lines)
     v_ptrs = operand_ptr(sc, g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
     lines += _online_softmax_step(s, v_ptrs, v_dtype if split_p else None, body)
+    lines.append(f"{body}m_i = m_new")
+    if split is not None:
+        return lines + _slice_stores(sc, k, split, ind)
     lines += [
-        f"{body}m_i = m_new",
         f"{ind}acc = acc / l_i[:, None]",
         f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
     ]
@@ -87,6 +91,36 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
     return lines
 
 
+def _slice_stores(sc: LaunchScope, k: Kernel, split, ind: str) -> list[str]:
+    """A slice's results: its unnormalised output and its running max and sum, at (slice, batch, row)."""
+    acc_buf, stats_buf = (sc.prog.buffers[b] for b in (split.acc, split.stats))
+    rows = tindex(acc_buf.shape[2])
+    at = f"((sid * ({tindex(acc_buf.shape[1])}) + bid) * {rows} + rm)"
+    return [
+        f"{ind}tl.store({sc.use(split.acc)} + {at}[:, None] * DV + rv[None, :], acc, "
+        f"mask=(rm[:, None] < M) & (rv[None, :] < DV))",
+        f"{ind}tl.store({sc.use(split.stats)} + {at} * 2, m_i, mask=rm < M)",
+        f"{ind}tl.store({split.stats} + {at} * 2 + 1, l_i, mask=rm < M)",
+    ]
+
+
+def _scores(sc: LaunchScope, k: Kernel, product: str, ind: str, lines: list) -> str:
+    """The softmax's input for the block of scores whose product q·k is ``product``: the scores GEMM's epilogue
+    (scale, mask add), then what the softmax applied to it (a mask fused there)."""
+    qk = k.stages[0].node
+    if qk.body is not None:
+        lines += gemm_coords(qk, "rm[:, None]", "rn[None, :]", ind)
+    s = epilogue(sc, qk, product, "smask", ind, lines)
+    value, s_load = attention_scores(k)
+    if value != s_load:
+        lines += matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", ind)
+        em = TritonEmitter(sc, {}, ind, "smask", col=ir.ivar(len(k.stages[3].node.out.shape) - 1))
+        em.memo[s_load] = s
+        s = em.tensor(value)
+        lines += em.lines
+    return s
+
+
 def attention_tiles(prog: ir.Program, k: Kernel) -> AttentionConfig:
     """The heuristic tiles of an attention kernel (tiles.attention_config) from its head dims and query rows."""
     g1, g2 = k.stages[0].node.gemm, k.stages[-1].node.gemm
@@ -96,8 +130,11 @@ def attention_tiles(prog: ir.Program, k: Kernel) -> AttentionConfig:
 
 def attention_geometry(k: Kernel, cfg: AttentionConfig) -> Geometry:
     g1 = k.stages[0].node.gemm
-    grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(1))
+    slices = k.kv_split.slices if k.kv_split is not None else 1
+    grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(slices))
     constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
+    if k.kv_split is not None:
+        constexprs["SPLITS"] = slices
     return Geometry(grid, constexprs, cfg.num_warps, cfg.num_stages)
 
 

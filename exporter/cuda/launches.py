@@ -123,7 +123,7 @@ def kernel_launches(prog: ir.Program, k: Kernel, first_id: int, tuned: dict | No
     """The launches of kernel ``k``, numbered from ``first_id``. ``tuned``: launch name -> config recorded by
     --autotune, used instead of the heuristics."""
     tuned = tuned or {}
-    touched = {b for s in k.stages for b in s.node.inputs() | {s.node.out.name}}
+    touched = {b for s in k.stages for b in s.node.inputs() | {s.node.out.name}} | set(k.writes())
     bits = index_bits(prog, touched)
     bounds = symbol_bounds(prog)
     launches: list[TritonLaunch] = []

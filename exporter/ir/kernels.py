@@ -47,6 +47,16 @@ class Loop:
     stages: list
 
 
+@dataclass(frozen=True)
+class KvSplit:
+    """An attention kernel that covers one slice of the keys per program (schedule/split_kv.py): it stores its
+    slice's unnormalised output and its running max and sum, which a combining kernel after it merges."""
+
+    slices: int
+    acc: str     # float32 [slices, batch, rows, dv]: the slice's probabilities (unnormalised) times the values
+    stats: str   # float32 [slices, batch, rows, 2]: the slice's running max and sum of the scores' exponentials
+
+
 @dataclass
 class Kernel:
     name: str
@@ -57,12 +67,15 @@ class Kernel:
     local: set = field(default_factory=set)  # buffers held in registers, never stored
     when: object = None    # GPU only: a 0/1 expression of the symbols; the kernel runs where it is 1 (split_k.py)
     small_m: bool = False  # GPU only: a GEMM that only ever sees at most SMALL_M rows (split_k.py's slices)
+    kv_split: KvSplit | None = None  # GPU only: an attention kernel over one slice of the keys (split_kv.py)
 
     @property
     def nodes(self):
         return [s.node for s in self.stages]
 
     def writes(self) -> list[str]:
+        if self.kv_split is not None:  # the slices' partial results, not the attention's output
+            return [self.kv_split.acc, self.kv_split.stats]
         return [s.node.out.name for s in self.stages if s.node.out.name not in self.local]
 
     def loops(self) -> list[Loop]:
@@ -94,11 +107,16 @@ class Kernel:
         outs = {s.node.out.name for s in self.stages}
         assert self.local <= outs, f"{self.name}: registers {sorted(self.local - outs)} it does not compute"
         assert not self.small_m or self.kind == "gemm", f"{self.name}: small_m on a {self.kind} kernel"
+        assert self.kv_split is None or self.kind == "attention", f"{self.name}: kv_split on a {self.kind} kernel"
 
     def __str__(self):
         head = f"{self.name} [{self.kind}] outer={list(self.outer)} inner={list(self.inner)}"
         if self.local:
             head += f" registers={sorted(self.local)}"
+        if self.kv_split is not None:
+            head += f" kv_split={self.kv_split.slices} -> {self.kv_split.acc}, {self.kv_split.stats}"
+        if self.when is not None:
+            head += f" when={self.when}"
         return "\n".join([head] + [f"    {s.level:6} {s.node}" for s in self.stages])
 
 

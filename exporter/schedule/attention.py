@@ -130,3 +130,43 @@ def _softmax(b: Kernel, s: ir.Buffer) -> ir.Buffer | None:
     if not ir.same_size(sympy.sympify(here).xreplace(ones), sympy.sympify(at).xreplace(ones)):
         return None
     return p_node.out
+
+
+# ops through which a value stays x * a + b elementwise (a, b free of x), so that b = -inf makes it -inf for
+# every finite x; "where" only with a condition free of x (it picks a branch independently of x); casts between
+# float32 and bfloat16 (one exponent range: a finite value stays finite)
+_AFFINE = {"add": (0, 1), "sub": (0, 1), "neg": (0,), "mul": (0, 1), "div": (0,), "where": (1, 2), "cast": (0,)}
+_WIDE = ("float32", "bfloat16")
+
+
+def _affine(v: ir.Value, leaf: ir.Value) -> bool:
+    """Whether ``v`` is affine in ``leaf`` elementwise (``a * leaf + b``, ``a`` and ``b`` free of it)."""
+    if v == leaf or not any(x == leaf for x in ir.walk(v)):
+        return True
+    if not isinstance(v, ir.Op) or v.op not in _AFFINE or v.dtype not in _WIDE or \
+            v.op == "cast" and v.args[0].dtype not in _WIDE:
+        return False
+    carriers = [a for a in v.args if any(x == leaf for x in ir.walk(a))]
+    allowed = [v.args[i] for i in _AFFINE[v.op]]
+    if v.op == "mul" and len(carriers) > 1:  # a product of two terms in the leaf is not affine
+        return False
+    return all(any(c is a for a in allowed) for c in carriers) and all(_affine(c, leaf) for c in carriers)
+
+
+def _may_be_minus_inf(v: ir.Value, leaf: ir.Value) -> bool:
+    """Whether the part of ``v`` free of ``leaf`` can be -inf: it reads another buffer or holds -inf."""
+    return any(isinstance(x, (ir.Load, ir.LoadIndirect)) and x != leaf or
+               isinstance(x, ir.Const) and x.value == float("-inf") for x in ir.walk(v))
+
+
+def skips_masked_keys(k: Kernel) -> bool:
+    """Whether an attention kernel may skip a block of keys whose scores, computed with a zero product, are all
+    -inf: true when the scores are affine in the product q·k (scale, mask add, ``where(keep, s, -inf)``), so
+    such a block's scores are -inf for every q and k and its probabilities 0; and only when the part without
+    the product can be -inf at all (a mask, a causal condition). A padded or causally masked block, and the
+    empty part of a static KV cache, then cost one mask read instead of two tile loads and two dots."""
+    qk = k.stages[0].node
+    value, s_load = scores(k)
+    here = ir.Load(qk.gemm.acc_dtype, qk.out.name, tuple(ir.ivar(d) for d in range(len(qk.ranges))))
+    parts = [(value, s_load)] + ([(qk.body, here)] if qk.body is not None else [])
+    return all(_affine(v, leaf) for v, leaf in parts) and any(_may_be_minus_inf(v, leaf) for v, leaf in parts)

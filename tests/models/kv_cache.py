@@ -27,9 +27,9 @@ class CachedAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, d)) + self.steps.float()
 
 
-def model():
+def model(cache=16):
     torch.manual_seed(0)
-    return CachedAttention().eval()
+    return CachedAttention(cache=cache).eval()
 
 
 def example_inputs():
