@@ -21,12 +21,15 @@ import numpy as np
 
 
 def instrument(cpp: str) -> tuple[str, list[str]]:
-    names = re.findall(r"\n    (k\d+_\w+)\(f\);", cpp)
+    """A timer around each kernel call of the entry, those that run for some shapes only (``if (...) k(f);``,
+    schedule/cpu.py) included."""
+    names = re.findall(r"\n    (?:if \(.*\) )?(k\d+_\w+)\(f\);", cpp)
     cpp = cpp.replace("#include <algorithm>", "#include <algorithm>\n#include <chrono>", 1)
     cpp = cpp.replace("namespace {\nstruct Frame", f"double tc_prof[{max(len(names), 1)}];\nnamespace {{\nstruct Frame", 1)
     for i, n in enumerate(names):
-        cpp = cpp.replace(f"\n    {n}(f);", f"\n    {{ auto t0 = std::chrono::steady_clock::now(); {n}(f); tc_prof[{i}] += "
-                                             f"std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }}")
+        cpp = re.sub(rf"(\n    (?:if \(.*\) )?){n}\(f\);",
+                     lambda m, n=n, i=i: f"{m.group(1)}{{ auto t0 = std::chrono::steady_clock::now(); {n}(f); tc_prof[{i}] += "
+                     f"std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }}", cpp, count=1)
     return cpp + '\nextern "C" double* tc_prof_ptr() { return tc_prof; }\n', names
 
 

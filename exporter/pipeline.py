@@ -77,7 +77,8 @@ class Graph:
     program: object = None                # ir.loops.Program                         (lower; fuse drops weights)
     lowering: object = None               # lower.core.Lowering: weight values, names (lower)
     kernels: list = field(default_factory=list)  # schedule.fuse.Kernel, in order    (fuse)
-    memory: object = None                 # schedule.memory.MemoryPlan               (plan)
+    cpu_kernels: list = field(default_factory=list)  # the CPU's list: attention fused where it pays (plan)
+    memory: object = None                 # schedule.memory.MemoryPlan of cpu_kernels  (plan)
     cuda: CudaGraph | None = None         #                                          (schedule_cuda and after)
 
 
@@ -168,10 +169,14 @@ def _fuse(r: Results, g: Graph) -> str:
 
 
 def _plan(r: Results, g: Graph) -> str:
+    from tcexport.exporter.cpu.attention import supported
     from tcexport.exporter.schedule import memory
+    from tcexport.exporter.schedule.cpu import schedule_cpu
 
-    g.memory = memory.plan_memory(g.program, g.kernels)
-    return str(g.memory)
+    g.cpu_kernels = schedule_cpu(g.program, g.kernels, supported)
+    g.memory = memory.plan_memory(g.program, g.cpu_kernels)
+    fused = [str(k) for k in g.cpu_kernels if k.kind == "attention"]
+    return str(g.memory) + ("\n\nCPU attention kernels:\n" + "\n".join(fused) if fused else "")
 
 
 def stage_lower(r: Results) -> str:
@@ -199,12 +204,13 @@ def stage_codegen_cpp(r: Results) -> str:
     from tcexport.formats.abi import ISA_PLACEHOLDER, descriptor
 
     graphs = list(r.graphs.values())
-    dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.kernels if k.kind == "gemm" for s in k.stages}
+    dtypes = {s.node.gemm.acc_dtype for g in graphs for k in g.cpu_kernels for s in k.stages if s.node.gemm}
     blas = tuple(routine for routine, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes)
     face = descriptor(interface(r, blas), ISA_PLACEHOLDER)
     main = r.inference
-    extra = tuple((g.name, g.program, g.kernels, g.memory) for g in graphs[1:])
-    r.cpu = CpuLibrary(blas, face, codegen.generate(main.program, main.kernels, main.memory, list(blas), extra, face))
+    extra = tuple((g.name, g.program, g.cpu_kernels, g.memory) for g in graphs[1:])
+    r.cpu = CpuLibrary(blas, face, codegen.generate(main.program, main.cpu_kernels, main.memory, list(blas), extra,
+                                                    face))
     return r.cpu.source
 
 

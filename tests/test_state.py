@@ -124,17 +124,17 @@ def test_a_state_file_that_does_not_match_is_refused():
 
 
 @functools.lru_cache(maxsize=None)
-def _lm_package(kind: str):
+def _lm_package(kind: str, cache: int = 128):
     """examples/lm_cache.py's small ``kind`` model, exported once per session (the file reads its size from
     the environment, set here for the export alone)."""
     from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
 
-    saved = {k: os.environ.get(k) for k in ("TCEXPORT_LM", "TCEXPORT_LM_SIZE")}
-    os.environ.update(TCEXPORT_LM=kind, TCEXPORT_LM_SIZE="small")
+    saved = {k: os.environ.get(k) for k in ("TCEXPORT_LM", "TCEXPORT_LM_SIZE", "TCEXPORT_LM_CACHE")}
+    os.environ.update(TCEXPORT_LM=kind, TCEXPORT_LM_SIZE="small", TCEXPORT_LM_CACHE=str(cache))
     try:
         spec = load_model_file(str(EXAMPLES / "lm_cache.py"))
-        path = WORK / f"lm-{kind}.tcpkg"
+        path = WORK / f"lm-{kind}-{cache}.tcpkg"
         export(spec.module, spec.example_inputs, spec.dynamic_shapes, name=kind, source_path=str(spec.path)).save(path)
         return path, load_module(EXAMPLES / "lm_cache.py")
     finally:
@@ -157,6 +157,18 @@ def test_greedy_generation_equals_transformers_generate(lm):
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, len(prompt):].tolist()
     assert len(want) == 64
     assert generate(model, prompt, 64) == want
+
+
+def test_greedy_generation_over_a_cache_read_in_blocks_equals_transformers():
+    """A 512-entry cache: the prompt and every decode step run the CPU's fused attention (schedule/cpu.py), which
+    reads the grouped KV heads in place and skips the blocks past the position."""
+    path, file = _lm_package("llama", 512)
+    assert any(k.endswith("_attention") for k in open_archive(path).manifest.graphs["inference"].cpu.kernels)
+    generate = load_module(EXAMPLES / "generate.py").generate
+    prompt = [5, 6, 7, 8]
+    with torch.no_grad():
+        want = file.hf_model().generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)
+    assert generate(load(path), prompt, 64) == want[0, len(prompt):].tolist()
 
 
 def test_sampling_is_seeded(lm):

@@ -52,7 +52,7 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
     if embed_onnx and r.onnx is not None:
         members[names.ONNX_FILE] = r.onnx[0]
         onnx = {"file": names.ONNX_FILE, "opset": r.onnx[1]}
-    cpu_part = CpuPart(CPU_ENTRY, face.workspace_bytes, tuple(k.name for k in g.kernels)) \
+    cpu_part = CpuPart(CPU_ENTRY, face.workspace_bytes, tuple(k.name for k in g.cpu_kernels)) \
         if any(b.target == "cpu" for b in bundles) else None
     graphs = {INFERENCE: Graph(INFERENCE, face.inputs, face.outputs, cpu_part, cuda)}
     training, training_sources = training_graphs(r, face.inputs, face.outputs, members, cpu=cpu_part is not None)
@@ -75,7 +75,7 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
         weights=face.weights,
         kernels=tuple(bundles),
         graphs=graphs,
-        plan={"kernels": [k.name for k in g.kernels], "workspace_bytes": face.workspace_bytes,
+        plan={"kernels": [k.name for k in g.cpu_kernels], "workspace_bytes": face.workspace_bytes,
               "workspace_bytes_without_reuse": to_expr(g.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(g))},
         sources=tuple(sources + training_sources),

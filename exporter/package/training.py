@@ -22,7 +22,7 @@ def _spec(prog, buffer: str, name: str) -> TensorSpec:
 
 
 def _cpu(entry: str, g) -> CpuPart:
-    return CpuPart(entry, to_expr(g.memory.workspace_bytes), tuple(k.name for k in g.kernels))
+    return CpuPart(entry, to_expr(g.memory.workspace_bytes), tuple(k.name for k in g.cpu_kernels))
 
 
 def training_interface(r, outputs: tuple, inputs: tuple = ()) -> Training | None:

@@ -9,7 +9,7 @@ forms, and hand-written ``softmax(q @ k.T * scale + mask) @ v`` alike:
     C: gemm   O = P @ V, then any pointwise epilogue (the rounding cast)
 
 S and P must be temporaries with no other reader, and the head dims must be static (they size the tiles). The CPU backend
-keeps the three kernels: its GEMMs are faster than a per-row loop there, and it has no shared memory to win.
+fuses only where that pays (schedule/cpu.py): its GEMMs are faster than the fused kernel's loops on small scores.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from tcexport.exporter.ir.kernels import Kernel
 MAX_HEAD_DIM = 256  # q/k/v tiles of up to this many columns stay in registers
 
 
-def fuse_attention(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with every matching (A, B, C) triple replaced by one ``attention`` kernel at C's position;
-    the input list is left as it is (the C++ backend runs it)."""
+def attention_triples(prog: ir.Program, kernels: list[Kernel]) -> list[tuple[Kernel, Kernel, Kernel, Kernel]]:
+    """Every matching (A, B, C) triple of ``kernels`` with the one ``attention`` kernel that computes it."""
     consumers = prog.consumers()
     where = {s.node.out.name: k for k in kernels for s in k.stages}
-    fused: dict[int, Kernel] = {}
-    gone: set[int] = set()
+    triples = []
     for a in kernels:
         match = _match(prog, a, consumers, where)
         if match is None:
@@ -37,8 +35,16 @@ def fuse_attention(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
         merged = Kernel(a.name.split("_")[0] + "_attention", "attention", c.outer, (),
                         a.stages + b.stages + c.stages)
         merged.local = {a.stages[0].node.out.name} | {s.node.out.name for s in b.stages}
-        fused[id(c)] = merged
-        gone |= {id(a), id(b)}
+        triples.append((a, b, c, merged))
+    return triples
+
+
+def fuse_attention(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
+    """``kernels`` with every matching (A, B, C) triple replaced by one ``attention`` kernel at C's position;
+    the input list is left as it is."""
+    triples = attention_triples(prog, kernels)
+    fused = {id(c): merged for _, _, c, merged in triples}
+    gone = {id(x) for a, b, _, _ in triples for x in (a, b)}
     return [fused.get(id(k), k) for k in kernels if id(k) not in gone]
 
 

@@ -394,6 +394,19 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
 }
 #endif
 
+// C (M x N, rows ldc apart) = A (M x K, rows lda apart) times B (K x N), or times the transpose of B (N x K) when
+// tb, on the calling thread: the fused attention kernel's block products (exporter/cpu/attention.py).
+inline void tc_sgemm_block(tc_sgemm_fn sgemm, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                           bool tb, const float* B, int64_t ldb, float* C, int64_t ldc) {
+#if defined(__AVX512F__)
+  (void)sgemm;
+  tc_sgemm_own(M, N, K, false, A, lda, tb, B, ldb, C, ldc);
+#else
+  sgemm(kRowMajor, kNoTrans, tb ? kTrans : kNoTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, 0.0f,
+        C, (int)ldc);
+#endif
+}
+
 // How tc_gemm shares one product among threads: by batch, else by rows of C, else by columns (when C is
 // short and wide, or when B must be packed: each thread then packs only its own columns). Pieces are whole
 // micro-tiles (``row_step`` rows, ``col_step`` columns).
