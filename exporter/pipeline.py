@@ -157,13 +157,15 @@ def _capture_methods(r: Results) -> dict:
     """Each method captured on its own (its examples, dynamic dims, function), weights never folded: every method
     reads the one weights array. An error names the method it came from."""
     from tcexport.exporter.front import capture
-    from tcexport.exporter.front.methods import check_shared_buffers, split_dynamic
+    from tcexport.exporter.front.methods import check_shared_buffers, kept_buffers, split_dynamic
 
     methods = r.job.methods
     dynamic = split_dynamic(list(r.job.dynamic), tuple(m.name for m in methods))
+    buffers = kept_buffers(r.job.spec.module)
     for k, m in enumerate(methods):
         try:
-            captured = capture.capture(r.job.spec.for_method(m), dynamic[m.name], fold=False)
+            with buffers:  # each method starts from the model's buffers (a capture may move a cache's counters)
+                captured = capture.capture(r.job.spec.for_method(m), dynamic[m.name], fold=False)
         except ExportError as e:
             e.args = (f"method {m.name!r}: {e.args[0] if e.args else e}",) + e.args[1:]
             raise

@@ -150,6 +150,9 @@ def _capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool, precision: str
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
     torch_log: list[str] = []
+    # the buffers' values before tracing: tracing may run a cache's own update on the real tensor (transformers'
+    # static layer adds to its length counter when the step has a static length), and state starts from these
+    before = {name: b.detach().clone() for name, b in spec.module.named_buffers(remove_duplicate=False)}
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft, log=torch_log)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
@@ -159,7 +162,7 @@ def _capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool, precision: str
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
     failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference, failures, torch_log, state.state_of(ep))
+                    folded, reference, failures, torch_log, state.state_of(ep, before))
 
 
 def _no_state_under_autocast(ep, precision: str) -> None:

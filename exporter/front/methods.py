@@ -155,6 +155,14 @@ def check_shared_buffers(captured: dict) -> None:
     from torch.export.graph_signature import InputKind
 
     written = {b.name: name for name, c in captured.items() for b in c.state}
+    initial = {b.name: (name, b.initial) for name, c in reversed(list(captured.items())) for b in c.state}
+    for name, c in captured.items():
+        for b in c.state:
+            first, value = initial[b.name]
+            if value.dtype != b.initial.dtype or value.shape != b.initial.shape or not torch.equal(value, b.initial):
+                raise MethodError(f"buffer {b.name!r} starts from other values in method {name!r} than in method "
+                                  f"{first!r} (its capture changed it?); methods share one state, which starts from "
+                                  f"one value. Report this with the model", method=name, expected=first, got=name)
     for name, c in captured.items():
         own = {b.name for b in c.state}
         for s in c.program.graph_signature.input_specs:
@@ -163,3 +171,22 @@ def check_shared_buffers(captured: dict) -> None:
                                   f"method {name!r} only reads it, so it would read the value at export time, not "
                                   f"the session's. Make {name!r} write it too, or stop {written[s.target]!r} writing it",
                                   method=name, expected="written by every method that reads it", got=s.target)
+
+
+class kept_buffers:
+    """``with kept_buffers(module):`` puts every buffer of ``module`` back to the value it had when this was made
+    (on leaving, however the block ends): tracing a method may run code that moves a buffer for real (a cache's
+    length counter), and every method's state must start from the model's own values. Reusable: one instance
+    serves every method's capture."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._saved = [(b, b.detach().clone()) for _, b in module.named_buffers(remove_duplicate=True)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with torch.no_grad():
+            for b, value in self._saved:
+                if b.shape == value.shape and b.dtype == value.dtype:
+                    b.copy_(value)
