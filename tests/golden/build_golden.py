@@ -53,7 +53,7 @@ GOLDEN = {
     "v1_5": ("1.5", "b4c81a29997a9e48b08bb7245cb589d6e359f3ab"),  # introduced by 7c4bfc2
     "v1_6": ("1.6", "76f274abacc72e7f67d262098eeaf11595c4c56d"),  # introduced by bb49c70; HEAD when built
     "v1_7": ("1.7", "a52a1ae498f69b5d10ff6cb324444669fc8594e4"),  # introduced by b5b593e; built from its working tree
-    "v1_8": ("1.8", "ea452c5c4d3f62cafc4d5f19a45689d8ae552c6c"),  # introduced by f031b76
+    "v1_8": ("1.8", "e388f67ec4d0894a19b63c44f20ef6c058c0e304"),  # introduced by f031b76; built from its working tree (the last commit writing 1.8 is ea452c5)
     "v1_9": ("1.9", "6ead442078817ed78db78ebf0a1c0271a7ceae74", "tiny_state_model.py"),  # introduced by abc5fab: a model with state
     "v1_10": ("1.10", CURRENT, "tiny_methods_model.py"),  # methods (forward, one) sharing weights and state
 }
