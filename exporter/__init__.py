@@ -15,7 +15,7 @@ from tcexport.exporter.errors import ExportError, output_error
 __all__ = ["export", "report"]
 
 
-def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *, autotune: bool = False,
+def export(model, example_inputs=None, dynamic_shapes: dict | None = None, targets=("cpu",), *, autotune: bool = False,
            autotune_at=(), tuning=None, **kw):
     """``pipeline.export`` (see there for every other argument). ``autotune=True`` measures GEMM and attention
     tiles on this machine's GPU at the example inputs, or at each of ``autotune_at`` ("batch=8" strings), and
@@ -27,6 +27,12 @@ def export(model, example_inputs, dynamic_shapes: dict | None = None, targets=("
         raise ExportError("--tuning builds with a recorded tuning and --autotune makes a new one; pass one of them")
     if autotune_at and not autotune:
         raise ExportError(f"--autotune-at {list(autotune_at)} names sizes to tune at; add --autotune")
+    if autotune and kw.get("methods") is not None:
+        from tcexport.exporter.errors import MethodError
+
+        raise MethodError("--autotune measures the model's forward; with methods, tune the forward alone and pass "
+                          "--tuning PKG (the first method builds with it)", expected="no --autotune",
+                          got="--autotune")
     if autotune:
         from tcexport.exporter.tune.autotune import require_gpu, tune
 

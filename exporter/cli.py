@@ -1,9 +1,10 @@
 """``tcexport MODEL.py [--dynamic SPEC]... [-o OUT.tcpkg] [--target cpu] [--json] [--dump DIR] [--verify] ...``
 (``tcexport --help`` lists every option; ``build_parser`` declares each once).
 
-Exit codes: 0 success; 2 usage error (also: the export extra is not installed); 10-17 export errors (see
+Exit codes: 0 success; 2 usage error (also: the export extra is not installed); 10-18 export errors (see
 exporter/errors.py: 11 model file, 12 dynamic spec, 13 capture, 14 unsupported op, 15 build, 16 ONNX export,
-17 output: the package, the ONNX file, the --dump folder or a build folder could not be written); 20 `--verify`
+17 output: the package, the ONNX file, the --dump folder or a build folder could not be written; 18 methods: an
+option or declaration that cannot keep them); 20 `--verify`
 found a mismatch; 70 internal error (a tcexport bug: the traceback goes to stderr); other TcError codes as in
 formats/errors.py (3: the package built fails its own loader's checks, so nothing was written). With --json stdout
 holds exactly one JSON document (formats/cli_json.py, docs/cli-json.md), failures, usage errors and bugs included;
@@ -52,7 +53,7 @@ def build_parser() -> ArgumentParser:
                    "(each in its own process; default 1)")
     p.add_argument("-d", "--dynamic", action="append", default=[], metavar="SPEC",
                    help="dynamic dims: batch, batch=1:512, seq=1:2048@ids.1,mask.1, derived 2*seq@pairs.1 "
-                   "(repeatable)")
+                   "(repeatable); for a model with methods a SPEC applies to every method, METHOD:SPEC to one")
     p.add_argument("-o", "--output", type=Path, help="archive path (default MODEL.tcpkg)")
     p.add_argument("--target", default="cpu", help="targets: cpu, cuda:sm_XX, or a list such as "
                    "cpu,cuda:sm_80,sm_90 (CUDA cubins build without a GPU) (default: cpu)")
@@ -216,6 +217,14 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
     if not quiet:
         print(f"checking {args.model_file}" if args.report else f"exporting {args.model_file} -> {out}", file=err)
     spec = load_model_file(args.model_file)
+    if spec.methods and (args.report or args.verify):
+        from tcexport.exporter.errors import MethodError
+
+        option = "--report" if args.report else "--verify"
+        raise MethodError(f"{args.model_file} declares methods {[m.name for m in spec.methods]}; {option} checks one "
+                          f"forward and does not run methods yet. Drop {option} (each method is called at its "
+                          f"example inputs before the package is written), or check a model file with a forward.",
+                          expected=f"no {option}", got=option)
     if args.report:
         return _report(spec, args, reporter)
     if args.sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
@@ -223,8 +232,9 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
         load_private_key(args.sign_key, "--sign-key")
     progress = for_stream(err, quiet)
     try:
-        pkg = export_model(spec.module, spec.example_inputs, spec.dynamic_shapes,
-                           pipeline.parse_targets(args.target), dynamic=args.dynamic, name=args.model_file.stem,
+        inputs = dict(methods=spec.methods) if spec.methods else \
+            dict(example_inputs=spec.example_inputs, dynamic_shapes=spec.dynamic_shapes)
+        pkg = export_model(spec.module, targets=pipeline.parse_targets(args.target), **inputs, dynamic=args.dynamic, name=args.model_file.stem,
                            dump=args.dump, progress=progress, source_path=str(args.model_file),
                            onnx="embed" if args.onnx_embed else "file" if args.onnx else None,
                            backward=args.backward,
@@ -306,6 +316,11 @@ def _summary(pkg, out: Path, seconds: float, signed: bool) -> dict:
                "targets": [f"{k.target}:{k.isa}" for k in m.kernels],
                "guards": [{"rule": to_text(g.expr), "message": g.message} for g in m.guards],
                "warnings": list(pkg.warnings)}
+    if m.methods:
+        summary["methods"] = {x.name: {"inputs": [_spec_json(s) for s in v.inputs],
+                                       "outputs": [_spec_json(s) for s in v.outputs],
+                                       "symbols": {s.name: [s.min, s.max] for s in v.symbols}}
+                              for x, v in ((x, m.method(x.name)) for x in m.methods)}
     if m.training is not None:
         t = m.training
         summary["training"] = {"trainable": list(t.trainable), "saved": len(t.forward.outputs) - len(m.outputs),

@@ -98,6 +98,21 @@ class BuildError(ExportError):
     exit_code = 15
 
 
+class MethodError(ExportError):
+    """A package's methods (several named entry points, formats/methods.py) cannot be built as asked: a bad method
+    name or declaration, an option that cannot keep methods (``--backward``, ``--onnx``, ``--precision``), a
+    ``--dynamic METHOD:SPEC`` naming no method, or methods that disagree about a buffer. ``method`` names the
+    method at fault (None where the whole set is), ``expected``/``got`` say what was wanted and what came."""
+
+    exit_code = 18
+
+    def __init__(self, message: str, *, method: str | None = None, expected: object = None, got: object = None):
+        super().__init__(message)
+        self.method = method
+        self.expected = expected
+        self.got = got
+
+
 class OutputError(ExportError):
     """Something the export writes (the package, the ONNX file, the --dump folder, a build folder) could not be
     written: a read-only or full file system, no permission, a path through a file. ``path`` is what was being

@@ -10,6 +10,9 @@
 A stage whose target is not requested is not in the list: ``--target cuda:sm_90`` alone builds no C++. With
 ``--backward`` the autograd stage adds the training ``forward`` and ``backward`` graphs next to ``inference``;
 every per-graph stage then runs on each of them, and their dumps hold one ``== name ==`` section per graph.
+A model with methods (front/methods.py) is captured once per method: the first is ``inference``, each other a
+graph named after it; every per-graph stage runs on each, and ``--dump`` writes each method's files into a folder
+of its own (``DIR/<method>/ir.txt``...).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from tcexport.exporter.errors import CaptureError, ExportError, output_error
-from tcexport.exporter.front.model_file import ModelSpec, forward_input_names
+from tcexport.exporter.errors import CaptureError, ExportError, MethodError, output_error
+from tcexport.exporter.front.model_file import ModelSpec, forward_input_names, with_methods
 from tcexport.exporter.options import CudaOptions
 from tcexport.exporter.progress import Progress
 
@@ -55,6 +58,11 @@ class Job:
     def archs(self) -> list[int]:
         return cuda_archs(self.targets)
 
+    @property
+    def methods(self) -> tuple:
+        """The model's declared methods (front/methods.MethodSpec, the first one first), or ()."""
+        return self.spec.methods
+
 
 @dataclass
 class CudaGraph:
@@ -80,6 +88,15 @@ class Graph:
     cpu_kernels: list = field(default_factory=list)  # the CPU's list: attention fused where it pays (plan)
     memory: object = None                 # schedule.memory.MemoryPlan of cpu_kernels  (plan)
     cuda: CudaGraph | None = None         #                                          (schedule_cuda and after)
+    method: str | None = None             # the method it is, in a package with methods (its first: ``inference``)
+
+    @property
+    def entry(self) -> str:
+        """The CPU library's entry point of an extra graph: a training graph's name is its entry; a method's is the
+        ABI's name for the method."""
+        from tcexport.formats.abi import method_entry
+
+        return method_entry(self.method) if self.method is not None else self.name
 
 
 @dataclass
@@ -111,9 +128,11 @@ class Results:
 
 # ---- front ----
 
-def stage_capture(r: Results) -> str:
+def stage_capture(r: Results) -> str | dict:
     from tcexport.exporter.front import capture
 
+    if r.job.methods:
+        return _capture_methods(r)
     # a training package shares its weights between every graph, so no graph may fold them
     captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
                                precision=r.job.precision)
@@ -125,10 +144,36 @@ def stage_capture(r: Results) -> str:
         raise ExportError(f"--onnx: the model keeps state ({names}: buffers its forward writes), which an ONNX model "
                           f"cannot hold: its export would compute every call from the initial values. Drop --onnx "
                           f"(ONNX Runtime takes a KV cache as inputs and outputs: bench/decode.py shows that export).")
+    return _captured_text(captured)
+
+
+def _captured_text(captured) -> str:
     logged = "\n\n# torch's log during capture (kept off stderr)\n" + "\n".join(captured.torch_log) \
         if captured.torch_log else ""
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
         "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items()) + logged
+
+
+def _capture_methods(r: Results) -> dict:
+    """Each method captured on its own (its examples, dynamic dims, function), weights never folded: every method
+    reads the one weights array. An error names the method it came from."""
+    from tcexport.exporter.front import capture
+    from tcexport.exporter.front.methods import check_shared_buffers, kept_buffers, split_dynamic
+
+    methods = r.job.methods
+    dynamic = split_dynamic(list(r.job.dynamic), tuple(m.name for m in methods))
+    buffers = kept_buffers(r.job.spec.module)
+    for k, m in enumerate(methods):
+        try:
+            with buffers:  # each method starts from the model's buffers (a capture may move a cache's counters)
+                captured = capture.capture(r.job.spec.for_method(m), dynamic[m.name], fold=False)
+        except ExportError as e:
+            e.args = (f"method {m.name!r}: {e.args[0] if e.args else e}",) + e.args[1:]
+            raise
+        name = INFERENCE if k == 0 else m.name
+        r.graphs[name] = Graph(name, captured, method=m.name)
+    check_shared_buffers({g.method: g.captured for g in r.graphs.values()})
+    return {g.method: _captured_text(g.captured) for g in r.graphs.values()}
 
 
 def stage_autograd(r: Results) -> str:
@@ -142,8 +187,11 @@ def stage_autograd(r: Results) -> str:
 
 # ---- graphs: run on every graph ----
 
-def _each_graph(r: Results, stage: Callable[[Results, Graph], str]) -> str:
-    """A per-graph stage over every graph; the dump has the inference graph's text, then one section per other."""
+def _each_graph(r: Results, stage: Callable[[Results, Graph], str]) -> str | dict:
+    """A per-graph stage over every graph; the dump has the inference graph's text, then one section per other
+    (with methods: each method's text, by method name, which run_stages writes into a folder per method)."""
+    if r.job.methods:
+        return {g.method: stage(r, g) for g in r.graphs.values()}
     texts = [stage(r, g) if g.name == INFERENCE else f"== {g.name} ==\n{stage(r, g)}" for g in r.graphs.values()]
     return "\n\n".join(texts)
 
@@ -152,7 +200,7 @@ def _lower(r: Results, g: Graph) -> str:
     from tcexport.exporter.lower import core
 
     # the rule table is a value of the pipeline: the inference graph's, or the training graphs' (plus gradients)
-    rules = core.INFERENCE_RULES if g.name == INFERENCE else core.TRAINING_RULES
+    rules = core.INFERENCE_RULES if g.name == INFERENCE or g.method is not None else core.TRAINING_RULES
     g.program, g.lowering = core.lower(g.captured, rules)
     g.program.verify()
     return str(g.program)
@@ -193,6 +241,10 @@ def stage_plan(r: Results) -> str:
         from tcexport.exporter.lower.training import share_weights
 
         share_weights(r.inference, [g for g in r.graphs.values() if g.name != INFERENCE])
+    if r.job.methods:
+        from tcexport.exporter.lower.methods import share_method_weights
+
+        share_method_weights(list(r.graphs.values()))
     return text
 
 
@@ -208,7 +260,7 @@ def stage_codegen_cpp(r: Results) -> str:
     blas = tuple(routine for routine, dt in (("sgemm", "float32"), ("dgemm", "float64")) if dt in dtypes)
     face = descriptor(interface(r, blas), ISA_PLACEHOLDER)
     main = r.inference
-    extra = tuple((g.name, g.program, g.cpu_kernels, g.memory) for g in graphs[1:])
+    extra = tuple((g.entry, g.program, g.cpu_kernels, g.memory) for g in graphs[1:])
     r.cpu = CpuLibrary(blas, face, codegen.generate(main.program, main.cpu_kernels, main.memory, list(blas), extra,
                                                     face))
     return r.cpu.source
@@ -333,6 +385,13 @@ def run_stages(job: Job, dump: Path | None = None,
         except OSError as e:
             raise output_error("the --dump folder", dump, e, "pass another folder to --dump") from e
     r = Results(job, progress=progress or Progress())
+    names = [m.name for m in job.methods]
+    if dump is not None:
+        for name in names:
+            try:
+                (dump / name).mkdir(exist_ok=True)
+            except OSError as e:
+                raise output_error("the --dump folder", dump / name, e, "pass another folder to --dump") from e
     for stage in stages(job):
         t0 = time.perf_counter()
         r.progress.stage(stage.name, stage.detail(r))
@@ -343,7 +402,10 @@ def run_stages(job: Job, dump: Path | None = None,
                 _write_dump(dump / "capture_log.txt", e.torch_log)
             raise
         r.timings[stage.name] = time.perf_counter() - t0
-        if dump is not None:
+        if dump is not None and isinstance(text, dict):  # a per-graph stage of a model with methods
+            for name, part in text.items():
+                _write_dump(dump / name / stage.dump, part)
+        elif dump is not None:
             _write_dump(dump / stage.dump, text)
         r.progress.stage_done(stage.name, r.timings[stage.name])
         if on_stage is not None:
@@ -383,19 +445,67 @@ def cuda_archs(targets) -> list[int]:
 def make_job(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
              dynamic=(), cache_dir=None, source_path: str | None = None, backward: bool = False, grad_inputs=(),
              build_cubins: bool = True, tuning=None, cuda_options: CudaOptions | None = None,
-             onnx: bool = False, precision: str | None = None) -> Job:
+             onnx: bool = False, precision: str | None = None, methods=None) -> Job:
     """The Job for ``export``'s arguments, every option checked before any stage runs."""
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    example_inputs = tuple(example_inputs)
-    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
-                     input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
+    if methods is not None:
+        spec = _methods_spec(model, example_inputs, dynamic_shapes, methods, source_path)
+    else:
+        if isinstance(example_inputs, torch.Tensor):
+            example_inputs = (example_inputs,)
+        if example_inputs is None:
+            raise ExportError("export() needs example_inputs (a tuple of tensors, one per forward() argument), or "
+                              "methods={name: {'example_inputs': ...}}")
+        example_inputs = tuple(example_inputs)
+        spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=example_inputs,
+                         input_names=forward_input_names(model, len(example_inputs)), dynamic_shapes=dynamic_shapes)
     job = Job(spec, tuple(dynamic), parse_targets(targets), Path(cache_dir) if cache_dir else None, backward,
               tuple(grad_inputs), build_cubins, read_tuning(tuning), cuda_options or CudaOptions(), onnx, precision)
     _check_precision(job)
+    _check_methods(job)
     if job.tuning is not None and not job.archs:
         raise ExportError("--tuning sets CUDA kernels' tiles; add a cuda target, e.g. --target cuda:sm_90")
     return job
+
+
+def _methods_spec(model, example_inputs, dynamic_shapes, methods, source_path) -> ModelSpec:
+    """The spec of a model exported with ``methods`` (raw declarations, or MethodSpecs already checked)."""
+    from tcexport.exporter.front.methods import MethodSpec, parse_methods
+
+    if example_inputs is not None or dynamic_shapes is not None:
+        raise MethodError("export(): pass example_inputs and dynamic_shapes inside each method "
+                          "(methods={'forward': {'example_inputs': ..., 'dynamic_shapes': ...}}), not beside methods",
+                          expected="methods alone", got="example_inputs" if example_inputs is not None
+                          else "dynamic_shapes")
+    checked = methods if isinstance(methods, tuple) and methods and all(isinstance(m, MethodSpec) for m in methods) \
+        else parse_methods(model, methods)
+    spec = ModelSpec(path=Path(source_path or "<model>"), module=model.eval(), example_inputs=checked[0].example_inputs,
+                     input_names=[], dynamic_shapes=None)
+    return with_methods(spec, checked)
+
+
+# options whose graphs one package's methods cannot share: what the user should do instead
+_NOT_WITH_METHODS = {
+    "backward": "--backward (training graphs are built for one forward): export the methods without it, or the "
+                "model's forward alone with --backward",
+    "onnx": "--onnx (an ONNX model has one graph): export the methods without it",
+    "precision": "--precision (autocast makes a module of its own per capture, so the methods' weights would no "
+                 "longer be one set): export the model in that dtype instead (model.to(torch.bfloat16))",
+}
+
+
+def _check_methods(job: Job) -> None:
+    """Options that cannot keep methods are a MethodError before anything is captured; so is a METHOD:SPEC
+    --dynamic naming no method."""
+    from tcexport.exporter.front.methods import split_dynamic
+
+    split_dynamic(list(job.dynamic), tuple(m.name for m in job.methods))
+    if not job.methods:
+        return
+    for option, text in _NOT_WITH_METHODS.items():
+        if getattr(job, option):
+            names = [m.name for m in job.methods]
+            raise MethodError(f"the model declares methods {names}; {text}", expected="no --" + option,
+                              got="--" + option)
 
 
 def _check_precision(job: Job) -> None:
@@ -407,12 +517,13 @@ def _check_precision(job: Job) -> None:
                           "graphs (--backward) keep the model's own dtypes. Drop one of the two options.")
 
 
-def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None = None, targets=("cpu",), *,
+def export(model: torch.nn.Module, example_inputs=None, dynamic_shapes: dict | None = None, targets=("cpu",), *,
            dynamic: list[str] = (), name: str | None = None, dump: str | Path | None = None,
            cache_dir: str | Path | None = None, on_stage=None, source_path: str | None = None,
            onnx: str | None = None, backward: bool = False, grad_inputs=(), build_cubins: bool = True,
            tuning=None, cuda_options: CudaOptions | None = None, precision: str | None = None,
-           progress: Progress | None = None, model_version: str | None = None, metadata: dict | None = None):
+           progress: Progress | None = None, model_version: str | None = None, metadata: dict | None = None,
+           methods=None):
     """Compile ``model`` ahead of time; returns a ``tcexport.packager.Package`` (call ``.save(path)``).
 
     ``dynamic_shapes`` maps input names to ``{dim: "symbol"}`` or ``{dim: ("symbol", min, max)}``;
@@ -430,6 +541,9 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
     ``precision`` ("bf16" or "fp16") exports the model as it computes under ``torch.autocast("cuda", dtype)``
     (front/autocast.py): GEMMs, convolutions and attention in 16 bits, norms, softmax and reductions in float32,
     GEMM weights stored in 16 bits; ``package.reference`` is that module, for comparisons.
+    ``methods`` (name -> {"example_inputs", "dynamic_shapes"?, "function"?}, front/methods.py; instead of
+    ``example_inputs``/``dynamic_shapes``) exports several named entry points sharing weights and state (SPEC §2c):
+    ``load(path).methods[name]``. ``dynamic`` then applies a plain SPEC to every method, ``METHOD:SPEC`` to one.
     """
     from tcexport.exporter.package.build import package
 
@@ -437,7 +551,8 @@ def export(model: torch.nn.Module, example_inputs, dynamic_shapes: dict | None =
         raise ExportError(f"onnx should be None, 'file' or 'embed', got {onnx!r}")
     job = make_job(model, example_inputs, dynamic_shapes, targets, dynamic=dynamic, cache_dir=cache_dir,
                    source_path=source_path, backward=backward, grad_inputs=grad_inputs, build_cubins=build_cubins,
-                   tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None, precision=precision)
+                   tuning=tuning, cuda_options=cuda_options, onnx=onnx is not None, precision=precision,
+                   methods=methods)
     info = check_model_info(model_version, metadata)
     results = run_stages(job, Path(dump) if dump else None, on_stage, progress)
     t0 = time.perf_counter()

@@ -19,6 +19,7 @@ from .errors import FormatError, clip
 
 CPU_ENTRY = "tc_run"
 TRAIN_FORWARD_ENTRY, BACKWARD_ENTRY = "tc_run_train_forward", "tc_run_backward"
+METHOD_ENTRY_PREFIX = "tc_run_method_"  # + a method's name: the entry of each method after the first (1.10)
 DESCRIPTOR_SYMBOL = "tc_abi_descriptor"
 MAX_DESCRIPTOR_BYTES = 16 * 1024 * 1024
 # the sonames a bundle may name in ``libraries``, per target kind: a manifest can never make the loader load
@@ -55,11 +56,37 @@ class Interface:
     workspace_bytes: Any
     blas: tuple
     training: Any = None    # formats.graphs.Training (the forward and backward graphs), or None
+    methods: tuple = ()     # MethodInterface per method after the first (the first is the fields above)
 
     @classmethod
     def of_manifest(cls, m, blas: tuple) -> "Interface":
+        methods = tuple(MethodInterface(x.name, method_entry(x.name), x.symbols, m.graphs[x.graph].inputs,
+                                        m.graphs[x.graph].outputs, x.output_structure,
+                                        tuple(g.expr for g in x.guards), m.graphs[x.graph].workspace_bytes)
+                        for x in m.methods[1:])
         return cls(m.symbols, m.inputs, m.outputs, m.output_structure, tuple(g.expr for g in m.guards), m.weights,
-                   m.workspace_bytes, tuple(blas), m.training)
+                   m.workspace_bytes, tuple(blas), m.training, methods)
+
+
+@dataclass(frozen=True)
+class MethodInterface:
+    """What the library's entry point of one method (after the first) is built for: its own symbols, inputs,
+    outputs, guards and workspace, over the package's one weights array."""
+
+    name: str
+    entry: str
+    symbols: tuple
+    inputs: tuple
+    outputs: tuple
+    output_structure: str
+    guards: tuple
+    workspace_bytes: Any
+
+
+def method_entry(name: str) -> str:
+    """The CPU entry point of method ``name`` (an identifier), fixed by the ABI: the loader derives it from the name,
+    and the library's descriptor lists it, so a manifest cannot point a call at any other symbol."""
+    return METHOD_ENTRY_PREFIX + name
 
 
 def descriptor(i: Interface, isa: str) -> bytes:
@@ -79,6 +106,11 @@ def descriptor(i: Interface, isa: str) -> bytes:
                          "inputs": [s + [list(src)] for s, src in zip(_specs(t.backward.inputs), t.sources)],
                          "outputs": [s + [list(of)] for s, of in zip(_specs(t.backward.outputs), t.gradients)],
                          "workspace_bytes": t.backward.workspace_bytes}}
+    if i.methods:  # only packages with methods (1.10) say so: others keep their libraries' bytes
+        body["methods"] = [{"name": x.name, "entry": x.entry, "symbols": [[s.name, s.min, s.max] for s in x.symbols],
+                            "inputs": _specs(x.inputs), "outputs": _specs(x.outputs),
+                            "output_structure": x.output_structure, "guards": list(x.guards),
+                            "workspace_bytes": x.workspace_bytes} for x in i.methods]
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 

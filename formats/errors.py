@@ -144,3 +144,18 @@ class TrainingError(TcError):
         self.name = name
         self.expected = expected
         self.got = got
+
+
+class UnknownMethodError(TcError, KeyError):
+    """``m.methods[name]`` names no method of the package (SPEC §2c). ``name`` is the one asked for, ``methods`` the
+    package's. A KeyError too, so ``name in m.methods`` and ``m.methods.get(name)`` work as on any mapping."""
+
+    def __init__(self, message: str, *, name: str, methods: list):
+        super().__init__(message)
+        self.name = name
+        self.methods = list(methods)
+        self.expected = list(methods)
+        self.got = name
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""

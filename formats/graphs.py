@@ -3,7 +3,8 @@
 A package runs one or more graphs over one set of weights and symbols: ``inference`` (what ``model(x)`` runs),
 and for a package built with ``--backward`` a training ``forward`` (the model's outputs, then the activations the
 backward needs) and a ``backward`` (gradients of the trainable weights and of the inputs named for gradients).
-Later packages may add more (a ``prefill`` and a ``decode`` sharing weights). Each graph has its inputs and
+Since 1.10 a package may add one graph per method after its first (a ``decode`` next to a ``prefill``, which is
+``inference``; formats/methods.py), each over its own symbols, with the CPU entry point the ABI names after it. Each graph has its inputs and
 outputs and, per target, its part: ``cpu`` (the entry point of the CPU library that runs it, its workspace, its
 kernels) and ``cuda`` (its launch list, arena, Triton source, index width, cubins per arch and its own kernels).
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .expr import validate
-from .abi import BACKWARD_ENTRY, CPU_ENTRY, TRAIN_FORWARD_ENTRY
+from .abi import BACKWARD_ENTRY, CPU_ENTRY, TRAIN_FORWARD_ENTRY, method_entry
 from .errors import FormatError
 from .errors import clip as _clip
 from .records import IDENT, check_tuning, need, parse_cubin, parse_launches, parse_spec, spec_json
@@ -106,19 +107,21 @@ class Context:
     cuda_isas: tuple        # the isa of every CUDA bundle: each cuda part needs cubins for each
     cpu: bool               # the package has CPU bundles: each graph needs a cpu part
     members: dict = field(default_factory=dict)
+    methods: frozenset = frozenset()  # names of the graphs that are methods (1.10): entry tc_run_method_<name>
 
 
 # ---------------------------------------------------------------------------------------------------------
 # JSON
 
 
-def graph_json(g: Graph, inputs: tuple, outputs: tuple) -> dict:
-    """A graph's 1.8 JSON object; its ``inputs``/``outputs`` only where they are not the model's."""
+def graph_json(g: Graph, inputs: tuple | None, outputs: tuple | None) -> dict:
+    """A graph's 1.8 JSON object; its ``inputs``/``outputs`` only where they are not the model's (always where
+    ``inputs``/``outputs`` are None: a method's graph, over symbols of its own)."""
     d: dict = {}
-    if g.sources or tuple(g.inputs) != tuple(inputs):
+    if g.sources or inputs is None or tuple(g.inputs) != tuple(inputs):
         d["inputs"] = [{**spec_json(s), **({"from": list(src)} if g.sources else {})}
                        for s, src in zip(g.inputs, g.sources or [None] * len(g.inputs))]
-    if g.gradients or tuple(g.outputs) != tuple(outputs):
+    if g.gradients or outputs is None or tuple(g.outputs) != tuple(outputs):
         d["outputs"] = [{**spec_json(s), **({"of": list(of)} if g.gradients else {})}
                         for s, of in zip(g.outputs, g.gradients or [None] * len(g.outputs))]
     if g.cpu is not None:
@@ -139,8 +142,9 @@ def cuda_json(c: CudaPart) -> dict:
 # parsing
 
 
-def parse_graphs(table: Any, ctx: Context) -> dict[str, Graph]:
-    """Every graph of ``graphs`` (name -> object), checked against the manifest (``ctx``) and each other."""
+def parse_graphs(table: Any, ctx: Context, skip: tuple = ()) -> dict[str, Graph]:
+    """Every graph of ``graphs`` (name -> object) but those in ``skip`` (methods' graphs, parsed against their own
+    symbols by ``parse_graph``), checked against the manifest (``ctx``) and each other."""
     if not isinstance(table, dict):
         raise FormatError(f"manifest: graphs should be an object (graph name -> graph), found {_clip(table)}")
     if INFERENCE not in table:
@@ -148,7 +152,7 @@ def parse_graphs(table: Any, ctx: Context) -> dict[str, Graph]:
     if (FORWARD in table) != (BACKWARD in table):
         raise FormatError("manifest: graphs should have both 'forward' and 'backward' or neither (a training "
                           "package needs both); rebuild the package")
-    graphs = {name: parse_graph(name, d, ctx) for name, d in table.items()}
+    graphs = {name: parse_graph(name, d, ctx) for name, d in table.items() if name not in skip}
     if FORWARD in graphs:
         fw = graphs[FORWARD]
         if len(fw.outputs) < len(ctx.outputs) or any(not _same(a, b) for a, b in zip(fw.outputs, ctx.outputs)):
@@ -179,12 +183,12 @@ def parse_graph(name: Any, d: Any, ctx: Context) -> Graph:
     gradients = tuple(_parse_gradient(x, k, ctx, outputs[k], where) for k, x in enumerate(need(d, "outputs", list, where))) \
         if backward or "outputs" in d and _has(d["outputs"], "of") else ()
     cpu = _parse_cpu(d["cpu"], name, where, ctx) if "cpu" in d else None
-    if ctx.cpu and cpu is None and name in CPU_ENTRIES:
+    if ctx.cpu and cpu is None and (name in CPU_ENTRIES or name in ctx.methods):
         raise FormatError(f"manifest: {where} has no 'cpu' part, but the package has CPU kernel bundles; rebuild "
                           "the package")
     counts = {"input": len(inputs), "weight": len(ctx.weights), "output": len(outputs)}
     cuda = _parse_cuda(d["cuda"], f"{where}.cuda", ctx, counts) if "cuda" in d else None
-    if ctx.cuda_isas and cuda is None and name == INFERENCE:
+    if ctx.cuda_isas and cuda is None and (name == INFERENCE or name in ctx.methods):
         raise FormatError(f"manifest: {where} has no 'cuda' part, but the package has CUDA bundles "
                           f"{list(ctx.cuda_isas)}; rebuild the package")
     return Graph(name, inputs, outputs, cpu, cuda, sources, gradients)
@@ -248,7 +252,7 @@ def _parse_cpu(c: Any, name: str, where: str, ctx: Context) -> CpuPart:
     if not isinstance(c, dict):
         raise FormatError(f"manifest: {where} should be an object")
     entry = need(c, "entry", str, where)
-    fixed = CPU_ENTRIES.get(name)
+    fixed = CPU_ENTRIES.get(name) or (method_entry(name) if name in ctx.methods else None)
     if entry != fixed:
         raise FormatError(f"manifest: {where}.entry should be {fixed!r} (fixed by the ABI), found {entry!r:.80}; "
                           f"rebuild the package" if fixed is not None else

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .expr import validate
@@ -21,6 +21,7 @@ from .graphs import (BACKWARD, FORWARD, INFERENCE, Context, CudaPart, Graph, Tra
                      legacy_trainable, parse_graphs, parse_trainable)
 from .members import check_member_name
 from .state import STATE_VERSION, StateSpec, parse_state  # noqa: F401 (StateSpec re-exported)
+from .methods import FIRST_GRAPH, METHODS_VERSION, Method, method_names, parse_methods  # noqa: F401
 from .records import (  # noqa: F401 (re-exported)
     MAX_SCRATCH,
     SCRATCH_ALIGN,
@@ -35,12 +36,14 @@ from .records import (  # noqa: F401 (re-exported)
     check_tuning,
     need,
     parse_bundle,
+    parse_guards,
     parse_spec,
+    parse_symbols,
     spec_json,
 )
 
 FORMAT_NAME = "tcpkg"
-FORMAT_VERSION = (1, 9)   # what this loader reads fully; a package without state is written as 1.8 (state.py)
+FORMAT_VERSION = (1, 10)  # what this loader reads fully; 1.10 only with methods, 1.9 with state, else 1.8
 GRAPHS_VERSION = (1, 8)  # packages of this version and later hold their graphs in ``graphs`` (SPEC §2a)
 MANIFEST_NAME = "manifest.json"
 CPU_ABI_VERSION = 1
@@ -71,9 +74,26 @@ class Manifest:
     metadata: dict = field(default_factory=dict)  # optional model.metadata: str -> str (informational)
     state: tuple = ()      # 1.9: state.StateSpec, the buffers forward writes (inputs and outputs paired)
     state_file: str | None = None  # 1.9: the member holding the initial values that are not zeros
+    methods: tuple = ()    # 1.10: methods.Method, the first being the top level's (graph ``inference``)
 
     def symbol_names(self) -> list[str]:
         return [s.name for s in self.symbols]
+
+    def method_names(self) -> list[str]:
+        return [x.name for x in self.methods]
+
+    def method(self, name: str) -> "Manifest":
+        """Method ``name`` as a manifest of its own: its symbols, inputs, outputs, guards and state, and its graph
+        as ``inference``; weights, kernels and members are the package's. What the loader runs a method from
+        (guards, the CPU model, the CUDA model, the interpreter) sees one graph, as in a package without methods.
+        KeyError when there is no such method."""
+        x = next((x for x in self.methods if x.name == name), None)
+        if x is None:
+            raise KeyError(name)
+        g = self.graphs[x.graph]
+        return replace(self, symbols=x.symbols, inputs=g.inputs, outputs=g.outputs,
+                       output_structure=x.output_structure, guards=x.guards, state=x.state,
+                       graphs={INFERENCE: replace(g, name=INFERENCE)}, methods=())
 
     # --- the graphs, as callers read them -------------------------------------------------------------
 
@@ -110,6 +130,7 @@ class Manifest:
         """The manifest's JSON object: ``graphs`` (1.8), and for readers before 1.8 the view of the inference graph
         they read (``plan``, ``cuda``, each CUDA bundle's ``cubins``; SPEC §8), which parsing checks against it."""
         cuda = self.cuda
+        later = {x.graph for x in self.methods[1:]}
         weights = {"file": self.weights_file, "tensors": [spec_json(s) for s in self.weights]}
         if self.trainable:
             weights["trainable"] = list(self.trainable)
@@ -125,7 +146,8 @@ class Manifest:
             "guards": [asdict(g) for g in self.guards],
             "weights": weights,
             "kernels": [bundle_json(k, self.cubins(k.isa) if k.is_cuda else ()) for k in self.kernels],
-            "graphs": {name: graph_json(g, self.inputs, self.outputs) for name, g in self.graphs.items()},
+            "graphs": {name: graph_json(g, *((None, None) if name in later else (self.inputs, self.outputs)))
+                       for name, g in self.graphs.items()},
             "plan": {**self.plan, "workspace_bytes": self.workspace_bytes},
             "sources": list(self.sources),
             "members": {k: dict(v) for k, v in sorted(self.members.items())},
@@ -133,6 +155,7 @@ class Manifest:
             **({"cuda": _legacy_cuda_json(cuda)} if cuda is not None else {}),
             **({"state": [x.to_json() for x in self.state]} if self.state else {}),
             **({"state_file": self.state_file} if self.state_file is not None else {}),
+            **({"methods": [x.to_json(k == 0) for k, x in enumerate(self.methods)]} if self.methods else {}),
         }
 
     def dumps(self) -> bytes:
@@ -187,7 +210,7 @@ def _parse_version(d: Any) -> tuple:
 
 def _parse(d: Any) -> Manifest:
     version = _parse_version(d)
-    symbols = _parse_symbols(need(d, "symbols", list, "manifest"))
+    symbols = parse_symbols(need(d, "symbols", list, "manifest"), "symbols")
     names = {s.name for s in symbols}
     inputs = tuple(parse_spec(x, f"inputs[{i}]", names) for i, x in enumerate(need(d, "inputs", list, "manifest")))
     outputs = tuple(parse_spec(x, f"outputs[{i}]", names) for i, x in enumerate(need(d, "outputs", list, "manifest")))
@@ -196,12 +219,7 @@ def _parse(d: Any) -> Manifest:
             raise FormatError(f"manifest: {group} has duplicate names")
     structure = need(d, "output_structure", str, "manifest")
 
-    guards = []
-    for i, g in enumerate(need(d, "guards", list, "manifest")):
-        if not isinstance(g, dict):
-            raise FormatError(f"manifest: guards[{i}] should be an object")
-        validate(g.get("expr"), names, f"manifest: guards[{i}].expr")
-        guards.append(Guard(g["expr"], need(g, "message", str, f"guards[{i}]")))
+    guards = parse_guards(need(d, "guards", list, "manifest"), names, "guards")
 
     w = need(d, "weights", dict, "manifest")
     weights_file = need(w, "file", str, "weights")
@@ -246,20 +264,32 @@ def _parse(d: Any) -> Manifest:
                   tuple(k.isa for k in kernels if k.is_cuda), any(k.target == "cpu" for k in kernels), members)
     legacy = parse_graphs(legacy_graphs(d if not graphs_json else {k: v for k, v in d.items() if k != "training"},
                                         bundles), ctx)
+    names_of_methods = method_names(d["methods"]) if version >= METHODS_VERSION and "methods" in d else ()
     if graphs_json:
-        graphs = parse_graphs(d.get("graphs"), ctx)
+        graphs = parse_graphs(d.get("graphs"), ctx, skip=names_of_methods[1:])
         _check_view(legacy[INFERENCE], graphs[INFERENCE])
     else:
         graphs = legacy
     if BACKWARD not in graphs and trainable:
         raise FormatError("manifest: weights.trainable names weights, but the package has no backward graph")
+    methods = _methods(d, names_of_methods, Method(names_of_methods[0], FIRST_GRAPH, symbols, structure, guards, state),
+                       graphs, ctx, state_file) if names_of_methods else ()
+    state_file = state_file if any(x.state for x in methods) or state else None
     return Manifest(
         format_version=version, producer=dict(need(d, "producer", dict, "manifest")),
         model=model_name, symbols=symbols, inputs=inputs, outputs=outputs,
         output_structure=structure, guards=tuple(guards), weights_file=weights_file,
         weights=weights, kernels=kernels, graphs=graphs, plan=plan, sources=tuple(sources), members=members,
         onnx=dict(onnx) if onnx is not None else None, trainable=trainable, model_version=model_version,
-        metadata=metadata, state=state, state_file=state_file if state else None)
+        metadata=metadata, state=state, state_file=state_file, methods=methods)
+
+
+def _methods(d: dict, names: tuple, first: Method, graphs: dict, ctx: Context, state_file) -> tuple:
+    """The methods of a 1.10 manifest (SPEC §2c), each later one's graph parsed into ``graphs``."""
+    if FORWARD in graphs:
+        raise FormatError("manifest: a package with methods has no training graphs; rebuild the package")
+    return parse_methods(d["methods"], first, d.get("graphs"), graphs, replace(ctx, methods=frozenset(names[1:])),
+                         state_file)
 
 
 MAX_METADATA_ENTRIES = 256
@@ -319,32 +349,6 @@ def _check_view(view: Graph, graph: Graph) -> None:
         field_ = "plan.workspace_bytes" if not same_cpu else "cuda (or kernels[].cubins)"
         raise FormatError(f"manifest: {field_}, kept for loaders before 1.8, disagrees with graphs.inference; the "
                           "manifest was edited. Rebuild the package.")
-
-
-def _parse_symbols(sym_list: list) -> tuple:
-    symbols = []
-    for i, s in enumerate(sym_list):
-        where = f"symbols[{i}]"
-        if not isinstance(s, dict):
-            raise FormatError(f"manifest: {where} should be an object")
-        name = need(s, "name", str, where)
-        validate(name, None, f"manifest: {where}.name")
-        if name == SM_COUNT:
-            raise FormatError(f"manifest: {where}: {SM_COUNT!r} is reserved for the GPU's multiprocessor count in "
-                              "launch grids; rename the dynamic dim")
-        lo = need(s, "min", int, where)
-        hi = s.get("max")
-        if hi is not None and (not isinstance(hi, int) or isinstance(hi, bool) or hi < lo):
-            raise FormatError(f"manifest: {where} ({name}) max should be null or an integer >= min {lo}, found "
-                              f"{_clip(hi)}")
-        for bound in (lo, hi):
-            if bound is not None:
-                validate(bound, None, f"manifest: {where} ({name}) range")
-        symbols.append(Symbol(name, lo, hi))
-    if len({s.name for s in symbols}) != len(symbols):
-        raise FormatError("manifest: symbols has duplicate names")
-    return tuple(symbols)
-
 
 
 def _parse_members(members: dict) -> dict:

@@ -155,6 +155,44 @@ def parse_spec(d: Any, where: str, symbols: set[str], static: bool = False) -> T
     return TensorSpec(name, dtype, tuple(shape))
 
 
+def parse_symbols(sym_list: list, where_list: str) -> tuple:
+    """A ``symbols`` list (the manifest's, or a method's): identifiers, unique, not the reserved grid symbol,
+    each with ``min`` and ``max`` null or >= min."""
+    symbols = []
+    for i, s in enumerate(sym_list):
+        where = f"{where_list}[{i}]"
+        if not isinstance(s, dict):
+            raise FormatError(f"manifest: {where} should be an object")
+        name = need(s, "name", str, where)
+        validate(name, None, f"manifest: {where}.name")
+        if name == SM_COUNT:
+            raise FormatError(f"manifest: {where}: {SM_COUNT!r} is reserved for the GPU's multiprocessor count in "
+                              "launch grids; rename the dynamic dim")
+        lo = need(s, "min", int, where)
+        hi = s.get("max")
+        if hi is not None and (not isinstance(hi, int) or isinstance(hi, bool) or hi < lo):
+            raise FormatError(f"manifest: {where} ({name}) max should be null or an integer >= min {lo}, found "
+                              f"{_clip(hi)}")
+        for bound in (lo, hi):
+            if bound is not None:
+                validate(bound, None, f"manifest: {where} ({name}) range")
+        symbols.append(Symbol(name, lo, hi))
+    if len({s.name for s in symbols}) != len(symbols):
+        raise FormatError(f"manifest: {where_list} has duplicate names")
+    return tuple(symbols)
+
+
+def parse_guards(items: list, names: set, where_list: str) -> tuple:
+    """A ``guards`` list (the manifest's, or a method's): each an expression over ``names`` and a message."""
+    guards = []
+    for i, g in enumerate(items):
+        if not isinstance(g, dict):
+            raise FormatError(f"manifest: {where_list}[{i}] should be an object")
+        validate(g.get("expr"), names, f"manifest: {where_list}[{i}].expr")
+        guards.append(Guard(g["expr"], need(g, "message", str, f"{where_list}[{i}]")))
+    return tuple(guards)
+
+
 def strings(k: dict, key: str, where: str) -> tuple:
     values = need(k, key, list, where)
     if not all(isinstance(v, str) and len(v) <= 256 for v in values):

@@ -44,8 +44,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 EXIT_CODES = ("exit codes: 0 ok, 2 usage or a missing extra, 3 format/integrity, 4 target, 5 guard, 6 kernel, "
-              "7 CUDA, 8 signature, 9 kernel cache, 10-17 export (11 model file, 12 dynamic spec, 13 capture, "
-              "14 unsupported op, 15 build, 16 ONNX, 17 output), 20 --verify mismatch, 70 a tcexport bug. With "
+              "7 CUDA, 8 signature, 9 kernel cache, 10-18 export (11 model file, 12 dynamic spec, 13 capture, "
+              "14 unsupported op, 15 build, 16 ONNX, 17 output, 18 methods), 20 --verify mismatch, 70 a tcexport bug. With "
               "--json stdout holds exactly one JSON document (schema_version 1, docs/cli-json.md).")
 
 

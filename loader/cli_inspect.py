@@ -64,6 +64,7 @@ def summary(m: Manifest, file_bytes: int | None = None) -> dict:
         "kernels": kernels, "graphs": list(m.graphs),
         "symbols": {s.name: [s.min, s.max] for s in m.symbols},
         "state": [x.to_json() for x in m.state],
+        "methods": m.method_names(),
     }
 
 
@@ -83,6 +84,8 @@ def summary_lines(s: dict, m: Manifest) -> list[str]:
                                           for n, (lo, hi) in s["symbols"].items()) or "none (static shapes)")]
     if m.state:
         lines.append("state:       " + _state_text(m))
+    if m.methods:
+        lines.append("methods:     " + ", ".join(m.method_names()))
     for gname, entry in s["kernels"].items():
         parts = [f"{where} {sum(kinds.values())} ({', '.join(f'{n} {k}' for k, n in kinds.items())})"
                  for where, kinds in entry.items()]
@@ -128,6 +131,8 @@ def describe(m: Manifest, names: list[str], archive=None) -> list[str]:
     lines += [f"  {s.name}: {s.min}..{'inf' if s.max is None else s.max}" for s in m.symbols] or \
         ["  (none: all shapes static)"]
     lines += ["", "guards:"] + ([f"  {ex.to_text(g.expr)}    # {g.message}" for g in m.guards] or ["  (none)"])
+    for x in m.methods:
+        lines += method_lines(m, x.name)
     lines += ["", "kernels:"]
     for k in m.kernels:
         size = m.members.get(k.file, {}).get("size")
@@ -144,6 +149,24 @@ def describe(m: Manifest, names: list[str], archive=None) -> list[str]:
     lines += [f"  {w.name}: {w.dtype}{w.shape_text()}" for w in m.weights]
     lines += ["", "members:"] + [f"  {n}  {human_bytes(m.members[n]['size'])} ({m.members[n]['size']} bytes)  "
                                  f"sha256 {m.members[n]['sha256']}" for n in sorted(m.members)]
+    return lines
+
+
+def method_lines(m: Manifest, name: str) -> list[str]:
+    """One method (SPEC §2c): its graph, inputs, outputs, symbols, guards and the state it reads and writes."""
+    v = m.method(name)
+    graph = next(x.graph for x in m.methods if x.name == name)
+    lines = ["", f"method {name} (graph {graph}; m.methods[{name!r}]):"]
+    state_in = {x.input for x in v.state}
+    state_out = {x.output for x in v.state}
+    lines += [f"  input  {s.name}: {s.dtype}{s.shape_text()}" for k, s in enumerate(v.inputs) if k not in state_in]
+    lines += [f"  output {s.name}: {s.dtype}{s.shape_text()}" for k, s in enumerate(v.outputs) if k not in state_out]
+    lines += [f"  returns: {v.output_structure}"]
+    if v.state:
+        lines.append(f"  state: {', '.join(x.name for x in v.state)}")
+    lines.append("  symbols: " + (", ".join(f"{s.name} {s.min}..{'inf' if s.max is None else s.max}" for s in v.symbols)
+                                  or "none (static shapes)"))
+    lines += [f"  guard {ex.to_text(g.expr)}    # {g.message}" for g in v.guards]
     return lines
 
 

@@ -98,8 +98,12 @@ class _Graph:
 
 class CudaModel:
     def __init__(self, archive: Archive, device: Device, *, graphs: bool = True, check_indices: bool = True,
-                 dependent_launch: bool = True, max_workspace_bytes: int | None = None):
-        m = archive.manifest
+                 dependent_launch: bool = True, max_workspace_bytes: int | None = None,
+                 manifest: Manifest | None = None, shared_weights: "CudaModel | None" = None):
+        """``manifest``: a method's view (Manifest.method) to run one method of a package; ``shared_weights``: a
+        model of the same package whose device weights this one reads instead of uploading its own (a package's
+        methods: one upload); that model owns and frees them."""
+        m = archive.manifest if manifest is None else manifest
         self.archive, self.manifest, self.device = archive, m, device
         self.bundle = pick_bundle(m, device.arch, archive.path)
         self.max_workspace_bytes = max_workspace_bytes
@@ -113,7 +117,10 @@ class CudaModel:
         self._graph_cache: OrderedDict = OrderedDict()
         self._kernels = self._load_kernels(m.cuda.launches, m.cubins(self.bundle.isa))
         self._checked = any(p["kind"] == "error" for k in self._kernels for p in k.params)
-        self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
+        if shared_weights is None:
+            self._weights_ptr, self._weight_ptrs = self._upload_weights(load_weights(archive, m))
+        else:  # not ours to free (_free_memory skips a null pointer)
+            self._weights_ptr, self._weight_ptrs = 0, shared_weights._weight_ptrs
         self._error = device.alloc(4)
         self._error_host = device.alloc_host(4)  # the call's check is one queued copy and one wait
         self._error_word = ctypes.c_int32.from_address(self._error_host)
@@ -463,6 +470,14 @@ class CudaModel:
                                      "index inputs, e.g. token ids against the vocabulary size.")
 
     # introspection ---------------------------------------------------------------------------------------
+
+    @property
+    def methods(self):
+        """``forward`` alone, this model: a package without methods (SPEC §2c), so that code calling
+        ``m.methods[name]`` runs any package."""
+        from .method_table import Methods
+
+        return Methods({"forward": self}, self.manifest.model)
 
     @property
     def inputs(self):

@@ -12,6 +12,8 @@ from tcexport.formats.manifest import Manifest
 
 from .archive import open_archive
 from .guards import GuardPlan
+from .methods import method_models, wrap
+from .native_cpu import for_method
 from .native_cpu import load as load_native
 from .model import Model, default_num_threads
 from .state import StatefulModel
@@ -38,6 +40,8 @@ def load(path, device="cpu", *, num_threads: int | None = None, isa: str | None 
     A package with training graphs loads as a model with ``forward(..., grad=True)``, ``backward`` and weights.
     A package with state (buffers its forward writes, e.g. a KV cache) loads as a ``StatefulModel``: calls take
     the model's inputs alone and update the state it keeps; ``state()``, ``reset_state()``, ``new_session()``.
+    A package with methods (SPEC §2c) loads as a ``MethodsModel`` (``StatefulMethods`` with state): ``m.methods[name]``
+    runs one, all sharing the weights (and the state); every model has ``methods`` (``forward`` alone without).
     """
     if max_workspace_bytes is not None and (isinstance(max_workspace_bytes, bool)
                                             or not isinstance(max_workspace_bytes, int) or max_workspace_bytes < 0):
@@ -64,6 +68,11 @@ def load_cpu(archive, num_threads: int, *, isa: str | None = None, cache_dir=Non
     plan = GuardPlan(archive.manifest)
     weights = load_weights(archive)
     native = load_native(archive, isa=isa, cache_dir=cache_dir, num_threads=num_threads)
+    if archive.manifest.methods:
+        def make(name, view):
+            run = native if view.inference.cpu.entry == native.bundle.entry else for_method(native, name)
+            return Model(archive, GuardPlan(view), weights, run, num_threads, max_workspace_bytes, manifest=view)
+        return wrap(archive, method_models(archive, make))
     cls = TrainableModel if archive.manifest.training is not None else Model
     model = cls(archive, plan, weights, native, num_threads, max_workspace_bytes)
     return StatefulModel(model) if archive.manifest.state else model
@@ -93,6 +102,16 @@ def _load_cuda(archive, device: str, **options):
         pick_bundle(archive.manifest, gpu.arch, archive.path)
     t = archive.manifest.training
     cls = TrainableCudaModel if t is not None and t.forward.cuda is not None else CudaModel
+    if archive.manifest.methods:
+        owner: list = []
+
+        def make(name, view):
+            model = CudaModel(archive, gpu, manifest=view, shared_weights=owner[0] if owner else None, **options)
+            owner.append(model)
+            return model
+        model = wrap(archive, method_models(archive, make))
+        archive.release()
+        return model
     model = cls(archive, gpu, **options)
     if archive.manifest.state:
         model = StatefulModel(model)  # reads the initial state from the archive before it is released

@@ -50,8 +50,9 @@ class Model:
     """Call with the inputs positionally (manifest order) or by name; returns one output or a tuple."""
 
     def __init__(self, archive: Archive, plan: GuardPlan, weights: dict[str, np.ndarray],
-                 native: NativeLibrary, num_threads: int, max_workspace_bytes: int | None = None):
-        m = archive.manifest
+                 native: NativeLibrary, num_threads: int, max_workspace_bytes: int | None = None,
+                 manifest: Manifest | None = None):
+        m = archive.manifest if manifest is None else manifest  # a method's view (Manifest.method) runs one method
         self.archive = archive
         self.manifest: Manifest = m
         self.num_threads = num_threads
@@ -73,6 +74,14 @@ class Model:
     @property
     def path(self) -> pathlib.Path:
         return self.archive.path
+
+    @property
+    def methods(self):
+        """``forward`` alone, this model: a package without methods (SPEC §2c), so that code calling
+        ``m.methods[name]`` runs any package."""
+        from .method_table import Methods
+
+        return Methods({"forward": self}, self.manifest.model)
 
     @property
     def inputs(self) -> list[TensorSpec]:

@@ -16,11 +16,12 @@ import pathlib
 import platform
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tcexport.formats.abi import (CPU_ENTRY, CPU_ISA_REQUIRES, DESCRIPTOR_PREFIX, DESCRIPTOR_SYMBOL,
                                   DESCRIPTOR_VERSION, MAX_DESCRIPTOR_BYTES, SYSTEM_LIBRARIES, Interface, descriptor)
 from tcexport.formats.abi import check_descriptor as check_descriptor_bytes
+from tcexport.formats.abi import method_entry
 from tcexport.formats.errors import CacheError, FormatError, IntegrityError, TargetError, VersionError
 from tcexport.formats.manifest import CPU_ABI_VERSION, KernelBundle, Manifest
 from tcexport.formats.private_files import fd_sha256, open_verified, private_dir, write_private
@@ -356,6 +357,18 @@ def _entry(cdll: ctypes.CDLL, bundle: KernelBundle):
                           f"Rebuild the package.")
     run.restype, run.argtypes = ctypes.c_int32, None
     return run
+
+
+def for_method(native: NativeLibrary, name: str) -> NativeLibrary:
+    """The library with ``run`` the entry point of method ``name`` (SPEC §2c): its name the ABI's for the method,
+    which the library's descriptor (checked when it was loaded) lists; same calling rules as ``tc_run``."""
+    entry = method_entry(name)
+    run = getattr(native.cdll, entry, None)
+    if run is None:
+        raise FormatError(f"kernel library {native.bundle.file!r} lacks method {name!r}'s entry point {entry}; "
+                          f"rebuild the package")
+    run.restype, run.argtypes = ctypes.c_int32, None
+    return replace(native, run=run)
 
 
 def check_descriptor(cdll: ctypes.CDLL, bundle: KernelBundle, manifest: Manifest, expected: bytes) -> None:

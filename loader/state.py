@@ -25,9 +25,10 @@ from .weights import parse_safetensors
 
 class StatefulModel:
     """Call with the model's inputs (its state is not among them); ``state()``, ``reset_state()`` and
-    ``new_session()`` manage what the calls keep."""
+    ``new_session()`` manage what the calls keep. ``owner``: what keeps the state when several models share it (a
+    package's methods, loader/methods.py: one state by name for all of them); by default this model itself."""
 
-    def __init__(self, base):
+    def __init__(self, base, owner=None):
         m = base.manifest
         self.base = base
         self.manifest = m
@@ -40,14 +41,23 @@ class StatefulModel:
         self._names = tuple(m.inputs[k].name for k in self._user_in)
         self._single = m.output_structure == "single"
         self._specs = {s.name: m.inputs[s.input] for s in m.state}
-        self._initial = initial_state(self.archive, m)
-        self._default = Session(self)
+        if owner is None:
+            self._initial = initial_state(self.archive, m)
+            self._default = Session(self)
 
     # --- what callers see ---------------------------------------------------------------------------------
 
     @property
     def path(self):
         return self.archive.path
+
+    @property
+    def methods(self):
+        """``forward`` alone, this model: a package without methods (SPEC §2c), so that code calling
+        ``m.methods[name]`` runs any package."""
+        from .method_table import Methods
+
+        return Methods({"forward": self}, self.manifest.model)
 
     @property
     def inputs(self) -> list:
@@ -92,15 +102,13 @@ class StatefulModel:
 
     def _place(self, name: str):
         """A new array holding state ``name``'s initial value."""
-        value = self._initial[name]
-        if not self._on_device:
-            return value.copy()
-        from .cuda_arrays import DeviceArray  # only for a CUDA model: the driver is already loaded
+        return place(self._initial[name], self._specs[name], self.base.device if self._on_device else None)
 
-        spec = self._specs[name]
-        arr = DeviceArray(self.base.device, tuple(spec.shape), spec.dtype)
-        arr.copy_from(np.array(value, order="C"))  # keeps a 0-d value 0-d (ascontiguousarray would not)
-        return arr
+    def _session_methods(self, session: "Session"):
+        """``session.methods``: a package without methods has one, ``forward`` (loader/methods.py)."""
+        from .method_table import Methods
+
+        return Methods({"forward": session}, self.manifest.model)
 
     def _step(self, session: "Session", args: tuple, kwargs: dict):
         values = gather(self.manifest.model, self._names, args, kwargs)
@@ -133,9 +141,11 @@ class StatefulModel:
 
 
 class Session:
-    """One conversation's state over a loaded StatefulModel; calls on one session run one at a time."""
+    """One conversation's state over a loaded StatefulModel (or a package's methods, which share it); calls on one
+    session run one at a time. ``model``: what owns the state (its ``_fresh``, ``_place``, ``_initial``); a call of
+    the session itself runs that model (``session.methods[name]`` runs a method)."""
 
-    def __init__(self, model: StatefulModel):
+    def __init__(self, model):
         self._model = model
         self._lock = threading.Lock()
         self.arrays = model._fresh()
@@ -144,6 +154,17 @@ class Session:
     def __call__(self, *args, **kwargs):
         with self._lock:
             return self._model._step(self, args, kwargs)
+
+    @property
+    def methods(self):
+        """Name -> a callable running that method against this session's state (SPEC §2c; ``forward`` alone for
+        a package without methods)."""
+        return self._model._session_methods(self)
+
+    def run(self, model: StatefulModel, args: tuple, kwargs: dict):
+        """One call of ``model`` (a method sharing this session's state) on this session."""
+        with self._lock:
+            return model._step(self, args, kwargs)
 
     def state(self) -> dict:
         with self._lock:
@@ -168,6 +189,18 @@ class Session:
 
     def swap(self, name: str, written) -> None:
         self._spares[name], self.arrays[name] = self.arrays[name], written
+
+
+def place(value: np.ndarray, spec, device):
+    """A new array holding ``value`` (a state's initial value, of ``spec``'s dtype and shape): a numpy copy, or on
+    ``device`` (a CUDA model's) a device array."""
+    if device is None:
+        return value.copy()
+    from .cuda_arrays import DeviceArray  # only for a CUDA model: the driver is already loaded
+
+    arr = DeviceArray(device, tuple(spec.shape), spec.dtype)
+    arr.copy_from(np.array(value, order="C"))  # keeps a 0-d value 0-d (ascontiguousarray would not)
+    return arr
 
 
 def initial_state(archive, m) -> dict:

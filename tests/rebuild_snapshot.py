@@ -46,6 +46,7 @@ CASES = {
     "cnn-backward": (EX / "cnn.py", ["--backward", "--target", GPU]),
     "decoder-backward": (EX / "decoder.py", ["--backward"]),
     "dyn_derived-backward": (MODELS / "dyn_derived.py", ["--backward", "--grad-inputs", "x"]),
+    "kv_cache": (MODELS / "kv_cache.py", ["--target", GPU]),
 }
 
 

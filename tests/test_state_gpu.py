@@ -92,3 +92,49 @@ def test_greedy_generation_on_the_gpu_equals_transformers():
     with torch.no_grad():
         want = hf.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False)[0, 4:].tolist()
     assert generate(load(path, "cuda"), prompt, 64) == want
+
+
+def _methods_package():
+    from tcexport.exporter.front.model_file import load_model_file
+
+    path = WORK / "kv_methods-gpu.tcpkg"
+    if not path.exists():
+        spec = load_model_file(str(MODELS / "kv_methods.py"))
+        export(spec.module, methods=spec.methods, targets=f"cuda:{ARCH}", name="kv_methods").save(path)
+    return path, load_module(MODELS / "kv_methods.py")
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_methods_on_the_gpu_share_weights_and_state(graphs):
+    """A package with methods (SPEC §2c) on the GPU: one weights upload read by both methods, prefill and decode
+    interleaved on one session equal eager's sequence, a second session apart."""
+    path, module = _methods_package()
+    model, eager = load(path, device="cuda", graphs=graphs), module.model()
+    prefill, decode = model.methods["prefill"], model.methods["decode"]
+    assert decode.model.base._weight_ptrs == prefill.model.base._weight_ptrs  # one upload, read by both
+    other = model.new_session()
+    for k, (x, pos) in enumerate(_steps(5, 4)):
+        name, fn = ("prefill", "forward") if k == 0 or k == 3 else ("decode", "step")
+        with torch.no_grad():
+            want = getattr(eager, fn)(x, pos).numpy()
+        np.testing.assert_allclose(model.methods[name](x.numpy(), pos.numpy()), want, rtol=1e-4, atol=1e-4)
+    state = model.state()
+    for buf in ("k_cache", "v_cache", "steps"):
+        np.testing.assert_allclose(state[buf], getattr(eager, buf).numpy(), rtol=1e-4, atol=1e-5)
+    assert int(other.state()["steps"]) == 7
+    model.close()
+
+
+def test_lm_methods_on_the_gpu_generate_transformers_tokens():
+    from tcexport.exporter.front.model_file import load_model_file
+
+    spec = load_model_file(str(EXAMPLES / "lm_methods.py"))
+    path = WORK / "lm-methods-gpu.tcpkg"
+    export(spec.module, methods=spec.methods, targets=f"cuda:{ARCH}", name="lm").save(path)
+    file = load_module(EXAMPLES / "lm_cache.py")
+    prompt = [5, 6, 7, 8]
+    with torch.no_grad():
+        want = file.hf_model().generate(torch.tensor([prompt]), max_new_tokens=32,
+                                        do_sample=False)[0, len(prompt):].tolist()
+    generate = load_module(EXAMPLES / "generate.py").generate
+    assert generate(load(path, device="cuda"), prompt, 32, methods=True) == want

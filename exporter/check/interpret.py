@@ -132,11 +132,12 @@ def load_module(source: str):
 
 
 class InterpretedPackage:
-    """A CUDA package run by the interpreter: ``run(*numpy_arrays)`` returns numpy outputs."""
+    """A CUDA package run by the interpreter: ``run(*numpy_arrays)`` returns numpy outputs. ``method``: one method of
+    a package with methods (SPEC §2c), its state as plain inputs and outputs."""
 
-    def __init__(self, path):
+    def __init__(self, path, method: str | None = None):
         self.archive = open_archive(path)
-        self.manifest = m = self.archive.manifest
+        self.manifest = m = self.archive.manifest if method is None else self.archive.manifest.method(method)
         if m.cuda is None:
             raise ValueError(f"{path}: the package has no CUDA kernels (export with --target cuda:sm_XX)")
         source = m.cuda.source or next(f for f in m.sources if f.endswith("_triton.py"))
@@ -222,17 +223,19 @@ def _temp(workspace: torch.Tensor, offset: int, dtype: str) -> torch.Tensor:
     return workspace[offset:].view(TORCH[dtype]) if dtype != "bool" else workspace[offset:].view(torch.bool)
 
 
-def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900) -> list[list[np.ndarray]]:
+def run_interpreted(path, cases: list[list[np.ndarray]], timeout: float = 900,
+                    method: str | None = None) -> list[list[np.ndarray]]:
     """Run ``path`` in the interpreter on each case (a list of input arrays), in a fresh process; returns the
     outputs per case. A kernel's out-of-range index comes back as RuntimeKernelError, a guard failure as
-    the loader's typed error (by class name)."""
+    the loader's typed error (by class name). ``method``: run that method of a package with methods."""
     with tempfile.TemporaryDirectory(prefix="tcexport-interpret-") as tmp:
         folder = Path(tmp)
         for c, inputs in enumerate(cases):
             for k, x in enumerate(inputs):
                 np.save(folder / f"case{c}_in{k}.npy", x)
-        _run_process(path, folder, len(cases), "run", timeout)
-        dtypes = [spec.dtype for spec in open_archive(path).manifest.outputs]
+        _run_process(path, folder, len(cases), "run" if method is None else f"run:{method}", timeout)
+        m = open_archive(path).manifest
+        dtypes = [spec.dtype for spec in (m if method is None else m.method(method)).outputs]
         return [_load_arrays(folder, f"case{c}_out", dtypes) for c in range(len(cases))]
 
 
@@ -289,7 +292,8 @@ def _main(argv: list[str]) -> int:
     path, folder, n_cases = argv[0], Path(argv[1]), int(argv[2])
     mode = argv[3] if len(argv) > 3 else "run"
     try:
-        pkg = InterpretedPackage(path)
+        mode, _, method = mode.partition(":")
+        pkg = InterpretedPackage(path, method or None)
         m = pkg.manifest
         for c in range(n_cases):
             inputs = [_retag(np.load(folder / f"case{c}_in{k}.npy"), spec.dtype) for k, spec in enumerate(m.inputs)]

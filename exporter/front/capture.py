@@ -29,7 +29,7 @@ import torch
 from torch._decomp import get_decompositions
 
 from tcexport.exporter.front import autocast, dynamic
-from tcexport.exporter.front import diagnose, range_check, relations, state, torch_logs
+from tcexport.exporter.front import diagnose, methods, range_check, relations, state, torch_logs
 from tcexport.exporter.errors import CaptureError, DataDependentError, ExampleSizeOneError, SpecializedDimError
 from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
@@ -132,7 +132,14 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     export at the op level autocast works on, the casts made explicit, then the export every model gets.
     ``draft=True`` (``tcexport --report``) captures with torch.export.draft_export, which goes on past
     data-dependent guards: ``draft_failures`` lists them (torch's FailureReports) and the program is the one the
-    example took, so lowering can still list the ops it lacks. Never packaged."""
+    example took, so lowering can still list the ops it lacks. Never packaged. ``spec.function`` names the
+    module's method captured (a package's methods, front/methods.py; default ``forward``)."""
+    if spec.function != "forward":
+        spec = dataclasses.replace(spec, module=methods.running(spec.module, spec.function), function="forward")
+    return _capture(spec, cli_dynamic, fold, precision, draft)
+
+
+def _capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool, precision: str | None, draft: bool) -> Captured:
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
@@ -143,6 +150,9 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
         reference = autocast.autocast_module(first, spec.example_inputs, autocast.precision_dtype(precision))
         spec = dataclasses.replace(spec, module=reference)
     torch_log: list[str] = []
+    # the buffers' values before tracing: tracing may run a cache's own update on the real tensor (transformers'
+    # static layer adds to its length counter when the step has a static length), and state starts from these
+    before = {name: b.detach().clone() for name, b in spec.module.named_buffers(remove_duplicate=False)}
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft, log=torch_log)
     folded = fold_batchnorm(ep) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
@@ -152,7 +162,7 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     guards = relations.collect_guards(ep, rename, accepted, str(spec.path)) + range_guards
     failures = list(getattr(ep, "_tc_findings", [])) if draft else []
     return Captured(ep, spec.input_names, refined, rename, str(spec.path), guards, accepted.notes, torch_shapes,
-                    folded, reference, failures, torch_log, state.state_of(ep))
+                    folded, reference, failures, torch_log, state.state_of(ep, before))
 
 
 def _no_state_under_autocast(ep, precision: str) -> None:

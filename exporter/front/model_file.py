@@ -1,4 +1,5 @@
-"""Load a user's MODEL.py: ``model()`` (or a module instance ``model``), ``example_inputs()``, ``dynamic_shapes``.
+"""Load a user's MODEL.py: ``model()`` (or a module instance ``model``), ``example_inputs()``, ``dynamic_shapes``,
+or instead of the last two ``methods`` (several named entry points, front/methods.py).
 
 Errors in the file are reported as ModelFileError naming the file and the missing or mistyped name, never as a
 traceback from deep inside the exporter.
@@ -13,9 +14,12 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+import dataclasses
+
 import torch
 
-from tcexport.exporter.errors import ModelFileError
+from tcexport.exporter.errors import MethodError, ModelFileError
+from tcexport.exporter.front.methods import MethodSpec, parse_methods
 
 
 @dataclass
@@ -25,6 +29,13 @@ class ModelSpec:
     example_inputs: tuple
     input_names: list[str]
     dynamic_shapes: dict | None  # input name -> {dim: "sym" | ("sym", min, max)}
+    methods: tuple = ()          # MethodSpec per declared method (the fields above are the first's), or ()
+    function: str = "forward"    # the module's method this spec captures
+
+    def for_method(self, m: MethodSpec) -> "ModelSpec":
+        """The spec that captures method ``m`` (its examples, names, dynamic shapes and function)."""
+        return dataclasses.replace(self, example_inputs=m.example_inputs, input_names=list(m.input_names),
+                                   dynamic_shapes=m.dynamic_shapes, function=m.function, methods=())
 
     def __post_init__(self):
         # a view (``base[:2]``) makes torch.export add symbols for its storage; only shapes and values matter here
@@ -78,6 +89,8 @@ def load_model_file(path: str | Path) -> ModelSpec:
             raise ModelFileError(f"{path}: calling model() raised {type(e).__name__}: {e}") from e
         if not isinstance(obj, torch.nn.Module):
             raise ModelFileError(f"{path}: model() should return a torch.nn.Module, returned {type(obj).__name__}")
+    if hasattr(mod, "methods"):
+        return _with_methods(path, mod, obj.eval())
     if not hasattr(mod, "example_inputs"):
         raise ModelFileError(f"{path}: defines no `example_inputs`. Add `def example_inputs() -> tuple` "
                              f"returning one tensor per forward() argument.")
@@ -103,3 +116,22 @@ def load_model_file(path: str | Path) -> ModelSpec:
                              f"found {type(dyn).__name__}")
     return ModelSpec(path=path, module=obj.eval(), example_inputs=tuple(ex),
                      input_names=forward_input_names(obj, len(ex)), dynamic_shapes=dyn)
+
+
+def _with_methods(path: Path, mod, module: torch.nn.Module) -> ModelSpec:
+    """A model file declaring ``methods``: its ``example_inputs``/``dynamic_shapes`` would describe no method, so
+    they are an error rather than silently ignored."""
+    both = [name for name in ("example_inputs", "dynamic_shapes") if hasattr(mod, name)]
+    if both:
+        raise MethodError(f"{path}: defines `methods` and {' and '.join(f'`{n}`' for n in both)}; with methods each "
+                          f"method declares its own (methods = {{'forward': {{'example_inputs': ..., "
+                          f"'dynamic_shapes': ...}}, ...}}). Move them into a method or drop them.",
+                          expected="methods alone", got=both)
+    methods = parse_methods(module, mod.methods, f"{path}: methods")
+    return with_methods(ModelSpec(path=path, module=module, example_inputs=methods[0].example_inputs,
+                                  input_names=[], dynamic_shapes=None), methods)
+
+
+def with_methods(spec: ModelSpec, methods: tuple) -> ModelSpec:
+    """``spec`` carrying ``methods``, its own fields the first method's."""
+    return dataclasses.replace(spec.for_method(methods[0]), methods=methods)

@@ -61,8 +61,9 @@ def lift_buffer_aliases(ep: torch.export.ExportedProgram, module: torch.nn.Modul
     return lifted
 
 
-def state_of(ep: torch.export.ExportedProgram) -> list[StateBuffer]:
-    """The buffers ``ep`` (decomposed, so functional) writes, in the order of its BUFFER_MUTATION outputs."""
+def state_of(ep: torch.export.ExportedProgram, before: dict | None = None) -> list[StateBuffer]:
+    """The buffers ``ep`` (decomposed, so functional) writes, in the order of its BUFFER_MUTATION outputs; each
+    starts from its value in ``before`` (buffer name -> the value before export) where given."""
     sig = ep.graph_signature
     mutated = [s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION]
     if not mutated:
@@ -79,6 +80,7 @@ def state_of(ep: torch.export.ExportedProgram) -> list[StateBuffer]:
     out = []
     for name in mutated:
         value = ep.state_dict.get(name) if name in ep.state_dict else ep.constants.get(name)
+        value = before.get(name, value) if before else value
         in_place = _writes_in_place(readers.get(name, []), bases.get(name, set()), written[name])
         out.append(StateBuffer(name, value.detach().clone(), in_place))
     return out

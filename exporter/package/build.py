@@ -11,7 +11,8 @@ import torch
 from tcexport.formats.abi import CPU_ENTRY, ISA_PLACEHOLDER, Interface, descriptor
 from tcexport.formats.errors import FormatError
 from tcexport.formats.graphs import INFERENCE, CpuPart, Graph
-from tcexport.formats.manifest import CPU_ABI_VERSION, GRAPHS_VERSION, STATE_VERSION, KernelBundle, Manifest
+from tcexport.formats.manifest import (CPU_ABI_VERSION, GRAPHS_VERSION, METHODS_VERSION, STATE_VERSION, KernelBundle,
+                                       Manifest, Method)
 from tcexport.packager.package import Package
 
 from .selfcheck import example_call
@@ -22,7 +23,8 @@ from . import members as names
 from .cuda import cuda_bundles, cuda_part
 from .exprs import to_expr
 from .interface import guards, interface
-from .state import state_specs
+from .methods import method_graphs, methods_list
+from .state import state_file_bytes, state_pairs
 from .training import training_graphs
 from .weights import weights_bytes
 
@@ -57,11 +59,17 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
     graphs = {INFERENCE: Graph(INFERENCE, face.inputs, face.outputs, cpu_part, cuda)}
     training, training_sources = training_graphs(r, face.inputs, face.outputs, members, cpu=cpu_part is not None)
     graphs.update(training)
-    state, state_bytes = state_specs(g, face.inputs, face.outputs)
+    later, method_sources = method_graphs(r, members, cpu=cpu_part is not None)
+    graphs.update(later)
+    state = state_pairs(g, face.inputs, face.outputs)
+    state_bytes = state_file_bytes([x for x in r.graphs.values() if x.method is not None] or [g])
     if state_bytes is not None:
         members[names.STATE_FILE] = state_bytes
+    methods = methods_list(r, Method(g.method, INFERENCE, face.symbols, face.output_structure,
+                                     guards(g.captured.guards), state)) if g.method is not None else ()
     manifest = Manifest(
-        format_version=STATE_VERSION if state else GRAPHS_VERSION,  # a package without state keeps 1.8's bytes
+        # 1.10 only with methods, 1.9 only with state: a package without them keeps 1.8's bytes
+        format_version=METHODS_VERSION if methods else STATE_VERSION if state else GRAPHS_VERSION,
         producer={"tcexport": TCEXPORT_VERSION, "torch": torch.__version__.split("+")[0],
                   "python": platform.python_version(),
                   **({"cxx": compiler_version(compiler())} if cpu else {})},
@@ -78,19 +86,21 @@ def package(r, model_name: str, embed_onnx: bool = False, model_info: tuple = (N
         plan={"kernels": [k.name for k in g.cpu_kernels], "workspace_bytes": face.workspace_bytes,
               "workspace_bytes_without_reuse": to_expr(g.memory.naive_bytes),
               "peak_bytes": to_expr(_peak_bytes(g))},
-        sources=tuple(sources + training_sources),
+        sources=tuple(sources + training_sources + method_sources),
         onnx=onnx,
         trainable=tuple(r.training.trainable) if r.training is not None else (),
         model_version=model_info[0],
         metadata=dict(model_info[1]),
         state=state,
         state_file=names.STATE_FILE if state_bytes is not None else None,
+        methods=methods,
     )
     if cpu and cpu.descriptor != descriptor(Interface.of_manifest(manifest, cpu.blas), ISA_PLACEHOLDER):
         raise FormatError("the manifest's interface differs from the one compiled into the kernel library (a "
                           "tcexport bug; please report it with the model)")
     return Package(manifest, members, dict(r.timings), r.onnx[0] if r.onnx else None, tuple(g.captured.notes),
-                   reference=g.captured.reference, check=example_call(r.job.spec.example_inputs))
+                   reference=g.captured.reference,
+                   check=example_call(r.job.spec.example_inputs, {m.name: m.example_inputs for m in r.job.methods}))
 
 
 def _cpu_bundles(cpu, members: dict) -> list[KernelBundle]:

@@ -24,3 +24,13 @@ def cubin(arch: int, folder: str, kernel: str) -> str:
 def training_source(entry: str) -> str:
     """The member of a training graph's Triton source."""
     return f"src/cuda/training/{entry}.py"
+
+
+def method_source(name: str) -> str:
+    """The member of the Triton source of a method after the first (the first's is TRITON_SOURCE)."""
+    return f"src/cuda/methods/{name}.py"
+
+
+def method_cubins(name: str) -> str:
+    """The folder (under kernels/cuda-sm_XX/) of the cubins of a method after the first."""
+    return f"methods/{name}/"

@@ -10,10 +10,10 @@ from typing import Callable
 from tcexport.formats.errors import TargetError
 
 
-def example_call(example_inputs) -> Callable:
+def example_call(example_inputs, methods: dict | None = None) -> Callable:
     """``check(archive)``: the package the loader opened (``loader.archive.Archive`` of the temp file), loaded on
-    the CPU and called with ``example_inputs`` (torch tensors, passed as the loader's arrays); the loader's typed
-    error propagates."""
+    the CPU and called with ``example_inputs`` (torch tensors, passed as the loader's arrays); with ``methods``
+    (name -> its example inputs) each method at its own, in one session; the loader's typed error propagates."""
     def check(archive) -> None:
         from tcexport.loader.arrays import to_numpy
         from tcexport.loader.guards import GuardPlan
@@ -21,12 +21,19 @@ def example_call(example_inputs) -> Callable:
         from tcexport.loader.weights import load_weights
 
         if not any(k.target == "cpu" for k in archive.manifest.kernels):
+            for name in archive.manifest.method_names():
+                GuardPlan(archive.manifest.method(name))
             GuardPlan(archive.manifest)
             load_weights(archive)      # every weight's dtype and shape as the manifest says (a 0-d weight too)
             return
         try:
             model = load_cpu(archive, num_threads=1)
         except TargetError:             # no CPU bundle for this machine's ISA: nothing to call here
+            return
+        if methods:
+            for name, inputs in methods.items():
+                method = model.methods[name]
+                method(*[to_numpy(t.detach().cpu(), s.name) for t, s in zip(inputs, method.inputs)])
             return
         arrays = [to_numpy(t.detach().cpu(), s.name) for t, s in zip(example_inputs, archive.manifest.inputs)]
         model(*arrays)

@@ -53,8 +53,11 @@ GOLDEN = {
     "v1_5": ("1.5", "b4c81a29997a9e48b08bb7245cb589d6e359f3ab"),  # introduced by 7c4bfc2
     "v1_6": ("1.6", "76f274abacc72e7f67d262098eeaf11595c4c56d"),  # introduced by bb49c70; HEAD when built
     "v1_7": ("1.7", "a52a1ae498f69b5d10ff6cb324444669fc8594e4"),  # introduced by b5b593e; built from its working tree
-    "v1_8": ("1.8", CURRENT),
+    "v1_8": ("1.8", "e388f67ec4d0894a19b63c44f20ef6c058c0e304"),  # introduced by f031b76; built from its working tree (the last commit writing 1.8 is ea452c5)
+    "v1_9": ("1.9", "6ead442078817ed78db78ebf0a1c0271a7ceae74", "tiny_state_model.py"),  # introduced by abc5fab: a model with state
+    "v1_10": ("1.10", CURRENT, "tiny_methods_model.py"),  # methods (forward, one) sharing weights and state
 }
+MODEL = "tiny_model.py"  # an entry's model file unless its third field names another (state, methods)
 
 CHECK_BATCH = 5  # the batch of the input expected.json stores
 RTOL = ATOL = 1e-5  # what tests/test_golden.py allows against the eager output
@@ -105,14 +108,14 @@ def link_packages(src: Path, mapping: dict[str, str], ns: Path) -> None:
         link.symlink_to(target, target_is_directory=True)
 
 
-def build_one(stem: str, version: str, source: str, out_dir: Path, tmp: Path) -> dict:
+def build_one(stem: str, version: str, source: str, out_dir: Path, tmp: Path, model: str = MODEL) -> dict:
     src, mapping, origin = prepare_source(source, tmp, stem)
     ns = tmp / f"ns-{stem}"
     link_packages(src, mapping, ns)
     out = out_dir / f"{stem}.tcpkg"
     job = {"stem": stem, "src": str(src), "repo": str(REPO), "current": source == CURRENT,
            "version": [int(p) for p in version.split(".")], "packages": sorted(mapping),
-           "out": str(out), "batch": CHECK_BATCH, "rtol": RTOL, "atol": ATOL}
+           "out": str(out), "batch": CHECK_BATCH, "rtol": RTOL, "atol": ATOL, "model": model}
     job_path, result_path = tmp / f"job-{stem}.json", tmp / f"result-{stem}.json"
     job["result"] = str(result_path)
     job_path.write_text(json.dumps(job))
@@ -127,7 +130,7 @@ def build_one(stem: str, version: str, source: str, out_dir: Path, tmp: Path) ->
         raise SystemExit(f"{stem}: the worker failed (exit code {proc.returncode}); see its output above")
     result = json.loads(result_path.read_text())
     data = out.read_bytes()
-    entry = {**origin, "format_version": result["format_version"], "size_bytes": len(data),
+    entry = {**origin, **({"model": model} if model != MODEL else {}), "format_version": result["format_version"], "size_bytes": len(data),
              "sha256": hashlib.sha256(data).hexdigest(), "built_with": result["built_with"],
              "old_loader_max_abs_diff": result["old_loader_max_abs_diff"],
              "input_shape": [len(result["input"]), len(result["input"][0])], "input": result["input"],
@@ -169,8 +172,8 @@ def main(argv=None) -> int:
     built = {}
     try:
         for stem in stems:
-            version, source = GOLDEN[stem]
-            built[f"{stem}.tcpkg"] = build_one(stem, version, source, out_dir, tmp)
+            version, source, *model = GOLDEN[stem]
+            built[f"{stem}.tcpkg"] = build_one(stem, version, source, out_dir, tmp, *model)
     finally:
         if args.keep_tmp:
             tmp_ctx._finalizer.detach()  # noqa: SLF001 -- keep it for inspection
@@ -228,11 +231,14 @@ def worker(job_path: Path) -> int:
     import numpy as np
     import torch
 
-    spec = importlib.util.spec_from_file_location("tiny_model", HERE / "tiny_model.py")
+    spec = importlib.util.spec_from_file_location("tiny_model", HERE / job.get("model", MODEL))
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     module = tiny.model()
-    pkg = exporter.export(module, tiny.example_inputs(), tiny.dynamic_shapes)
+    if hasattr(tiny, "methods"):  # 1.10: the file's methods; a plain call runs its forward
+        pkg = exporter.export(module, methods=tiny.methods)
+    else:
+        pkg = exporter.export(module, tiny.example_inputs(), tiny.dynamic_shapes)
     pkg.save(job["out"])
 
     x = np.asarray(tiny.check_input(job["batch"]), dtype=np.float32)
