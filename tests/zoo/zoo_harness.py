@@ -113,8 +113,7 @@ def compare_cuda(model, path: Path, device: str = "cuda", cases: list[dict] | No
 
 def accepted_cases(model, path: Path, cases: list[dict] | None = None) -> tuple[list[dict], list[str]]:
     """``cases`` (default ``model.cases()``) moved inside the ranges the package accepts, and a note per range
-    export narrowed.
-    Only the README's known difference may narrow one: torch before 2.13 (the GPU machine has 2.11) raises a
+    export narrowed. Only the README's known difference may narrow one: torch before 2.13 (the GPU machine has 2.11) raises a
     grouped-query-attention model's ``seq`` minimum from 1 to 2; the cases then check the narrowed end. Any other
     narrowing raises ``RangeNarrowed``: a package that silently accepts less than declared is a failure."""
     from tcexport.loader.archive import open_archive
