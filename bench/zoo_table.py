@@ -1,7 +1,11 @@
 """The zoo's table: every model in tests/zoo/zoo_models.py exported and compared with eager exactly as the zoo's
-tests do (tests/zoo/harness.py), one subprocess per model (a crash or a hang costs one row), written to
+tests do (tests/zoo/zoo_harness.py), one subprocess per model (a crash or a hang costs one row), written to
 ``bench/results/<machine>-<date>-zoo.{json,md}``: model, family, library, pass/fail, error class, export time,
 package size, largest error.
+
+``--device cuda`` (on a GPU machine) exports each model for this GPU's arch instead and runs it with the CUDA
+loader, compared as tests/zoo/test_zoo_gpu.py does, into ``<machine>-<date>-zoo-cuda.{json,md}``; ``--jobs N``
+runs N models at a time (a GPU machine's cores build several models' cubins at once).
 
 ``--peers onnx,aoti`` adds whether ``torch.onnx.export(..., dynamo=True)`` (run in ONNX Runtime) and AOTInductor
 (``torch._inductor.aoti_compile_and_package``) export each model with the same dynamic dims and match eager at the
@@ -9,11 +13,13 @@ same cases; AOTInductor compiles slowly, so this is opt-in, and rows merge into 
 
     python -m bench.zoo_table                      # the whole zoo, tcexport only
     python -m bench.zoo_table --models llama,bert --peers onnx --merge bench/results/...-zoo.json
+    python -m bench.zoo_table --device cuda --jobs 4   # on the GPU machine
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -26,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO_DIR = ROOT / "tests" / "zoo"
+MIN_SECONDS = 10  # no model exports and runs in less: one started later than this before --deadline is not run
 
 
 def _zoo():
@@ -106,24 +113,39 @@ def _peer_row(model, peer: str, folder: Path) -> dict:
                 "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def run_one(name: str, peers: list[str], skip_tcexport: bool) -> dict:
+def _cuda_target() -> str:
+    import torch
+
+    return "cuda:sm_%d%d" % torch.cuda.get_device_capability()
+
+
+def _compare(model, path: Path, device: str) -> tuple[float, list[str]]:
+    """The largest error over the model's cases, and notes (a range narrowed as the README's known difference):
+    on the GPU, as tests/zoo/test_zoo_gpu.py compares; on the CPU, as test_zoo.py does."""
+    from zoo_harness import compare, compare_cuda
+
+    return (compare(model, path), []) if device == "cpu" else compare_cuda(model, path)
+
+
+def run_one(name: str, peers: list[str], skip_tcexport: bool, device: str = "cpu") -> dict:
     """One model's row (runs in the worker subprocess)."""
     zm = _zoo()
-    from vision_libs import define_missing_ops
-    from zoo_harness import compare, export_model
+    from vision_libs import define_missing_ops, unavailable
+    from zoo_harness import export_model
 
     keep, why = define_missing_ops()
     model = zm.ZOO[name]
     row = {"model": name, "family": model.family, "library": model.library}
-    if model.library != "transformers" and why:
+    if unavailable(model.library, why):
         return {**row, "pass": None, "error": "Skipped", "message": why}
     with tempfile.TemporaryDirectory(prefix="zoo-") as tmp:
         folder = Path(tmp)
         if not skip_tcexport:
             try:
-                exported = export_model(model, folder)
+                exported = export_model(model, folder, "cpu" if device == "cpu" else _cuda_target())
                 row.update(export_s=round(exported.seconds, 1), size=exported.size)
-                row.update(max_error=compare(model, exported.path), error=None)
+                row["max_error"], notes = _compare(model, exported.path, device)
+                row.update(error=None, **({"note": "; ".join(notes)} if notes else {}))
                 row["pass"] = True
             except Exception as e:
                 row.update({"pass": False, "error": type(e).__name__, "message": _short(e),
@@ -134,9 +156,10 @@ def run_one(name: str, peers: list[str], skip_tcexport: bool) -> dict:
     return row
 
 
-def _worker(name: str, peers: list[str], skip: bool, timeout: int) -> dict:
+def _worker(name: str, peers: list[str], skip: bool, timeout: int, device: str = "cpu") -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, "-m", "bench.zoo_table", "--one", name, "--row", out.name, "--peers", ",".join(peers)]
+        cmd = [sys.executable, "-m", "bench.zoo_table", "--one", name, "--row", out.name, "--peers", ",".join(peers),
+               "--device", device]
         if skip:
             cmd.append("--only-peers")
         try:
@@ -153,6 +176,8 @@ def _worker(name: str, peers: list[str], skip: bool, timeout: int) -> dict:
 def _mark(r: dict | None) -> str:
     if r is None:
         return ""
+    if r.get("error") == "NotRun":
+        return "not run"
     return "pass" if r.get("pass") else ("skip" if r.get("pass") is None else f"FAIL ({r.get('error')})")
 
 
@@ -160,11 +185,16 @@ def markdown(table: dict) -> str:
     rows = table["rows"]
     peers = [p for p in ("onnx", "aoti") if any(p in r for r in rows)]
     counted = [r for r in rows if r.get("pass") is not None]
+    unrun = sum(_mark(r) == "not run" for r in rows)
     lines = [f"# Model zoo, {table['machine']}, {table['date']}", "",
              f"torch {table['torch']}, transformers {table.get('transformers')}, timm {table.get('timm')}, "
-             f"torchvision {table.get('torchvision')}; `{table['command']}`", "",
+             f"torchvision {table.get('torchvision')}"
+             + (f", triton {table.get('triton')}" if table.get("device") else "") + f"; `{table['command']}`", "",
+             *([f"device: {table['device']}; each model exported for it, run by the CUDA loader and compared with "
+                f"eager float32 on the CPU (tests/zoo/test_zoo_gpu.py)", ""] if table.get("device") else []),
              *[f"then `{table[k]}`" for k in ("rerun_command", "aoti_command") if table.get(k)], "",
              f"tcexport: **{sum(1 for r in counted if r['pass'])} / {len(counted)} pass**"
+             + (f" ({unrun} not run: past the deadline)" if unrun else "")
              + "".join(f"; {p}: {sum(1 for r in rows if r.get(p, {}).get('pass'))} / "
                        f"{sum(1 for r in rows if p in r)}" for p in peers), "",
              "| model | family | library | tcexport | export s | package | max error |"
@@ -175,6 +205,9 @@ def markdown(table: dict) -> str:
         err = f"{r['max_error']:.1e}" if r.get("max_error") is not None else ""
         lines.append(f"| {r['model']} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
                      f"{r.get('export_s', '')} | {size} | {err} |" + "".join(f" {_mark(r.get(p))} |" for p in peers))
+    notes = [r for r in rows if r.get("note")]
+    if notes:
+        lines += ["", "## Notes", "", *[f"- **{r['model']}**: {r['note']}" for r in notes]]
     failures = [r for r in rows if r.get("pass") is False or any(r.get(p, {}).get("pass") is False for p in peers)]
     if failures:
         lines += ["", "## Failures", ""]
@@ -187,11 +220,17 @@ def markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _versions() -> dict:
+def _device_name() -> str:
+    import torch
+
+    return f"{_cuda_target()} ({torch.cuda.get_device_name()})"
+
+
+def _versions(device: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for dist in ("torch", "transformers", "timm", "torchvision"):
+    for dist in ("torch", "transformers", "timm", "torchvision") + (("triton",) if device == "cuda" else ()):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
@@ -206,31 +245,50 @@ def main(argv=None) -> int:
     p.add_argument("--only-peers", action="store_true", help="skip tcexport (with --merge: add peer columns)")
     p.add_argument("--merge", help="an earlier table's .json: its rows are kept where this run has none")
     p.add_argument("--timeout", type=int, default=900, help="seconds per model")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: export for this GPU's arch and run on it (-> <machine>-<date>-zoo-cuda)")
+    p.add_argument("--jobs", type=int, default=1, help="models at a time, each in its own process")
+    p.add_argument("--deadline", type=int, help="seconds for the whole run: a model still running then is cut "
+                   "short (Timeout), one not started is 'not run'; the table is written either way")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     peers = [x for x in args.peers.split(",") if x]
+    if peers and args.device == "cuda":
+        p.error("--peers run on the CPU: leave them out of a --device cuda table")
     if args.one:
-        Path(args.row).write_text(json.dumps(run_one(args.one, peers, args.only_peers)))
+        Path(args.row).write_text(json.dumps(run_one(args.one, peers, args.only_peers, args.device)))
         return 0
     os.environ.setdefault("TCEXPORT_CACHE", str(Path(tempfile.gettempdir()) / "tcexport-zoo-cache"))
     names = [n for n in args.models.split(",") if n] or list(_zoo().ZOO)
     old = json.loads(Path(args.merge).read_text()) if args.merge else None
     by_name = {r["model"]: r for r in (old["rows"] if old else [])}
-    for name in names:
-        row = _worker(name, peers, args.only_peers, args.timeout)
-        by_name[name] = {**by_name.get(name, {}), **row} if args.only_peers else {**row, **{
-            k: v for k, v in by_name.get(name, {}).items() if k in ("onnx", "aoti") and k not in row}}
-        print(f"{name}: {_mark(row) or ''} {row.get('export_s', '')} "
-              + " ".join(f"{q}={_mark(row.get(q))}" for q in peers), flush=True)
+    end = time.monotonic() + args.deadline if args.deadline else float("inf")
+
+    def work(name: str) -> dict:
+        left = min(args.timeout, end - time.monotonic())
+        if left < MIN_SECONDS:
+            return {"model": name, "pass": None, "error": "NotRun", "message": f"past --deadline {args.deadline} s"}
+        return _worker(name, peers, args.only_peers, int(left), args.device)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        running = {pool.submit(work, name): name for name in names}
+        for done in concurrent.futures.as_completed(running):
+            name, model = running[done], _zoo().ZOO[running[done]]
+            row = {"family": model.family, "library": model.library, **done.result()}  # a Timeout's row too
+            by_name[name] = {**by_name.get(name, {}), **row} if args.only_peers else {**row, **{
+                k: v for k, v in by_name.get(name, {}).items() if k in ("onnx", "aoti") and k not in row}}
+            print(f"{name}: {_mark(row) or ''} {row.get('export_s', '')} "
+                  + " ".join(f"{q}={_mark(row.get(q))}" for q in peers), flush=True)
     from bench.run import machine_name
 
     order = list(_zoo().ZOO)
-    table = {"machine": old["machine"] if old else machine_name("cpu"),
+    table = {"machine": old["machine"] if old else machine_name(args.device),
              "date": old["date"] if old else datetime.date.today().isoformat(),
              "command": "python -m bench.zoo_table " + " ".join(argv if argv is not None else sys.argv[1:]),
-             **_versions(), "rows": sorted(by_name.values(), key=lambda r: order.index(r["model"]))}
-    base = ROOT / "bench" / "results" / f"{table['machine']}-{table['date']}-zoo"
+             **_versions(args.device), **({"device": _device_name()} if args.device == "cuda" else {}),
+             "rows": sorted(by_name.values(), key=lambda r: order.index(r["model"]))}
+    base = ROOT / "bench" / "results" / f"{table['machine']}-{table['date']}-zoo{'-cuda' * (args.device == 'cuda')}"
     base.with_suffix(".json").write_text(json.dumps(table, indent=1) + "\n")
     base.with_suffix(".md").write_text(markdown(table))
     print(base.with_suffix(".md"))

@@ -1,18 +1,17 @@
 """The model zoo (zoo_models.py): every model exported with its dynamic dims and compared torch-free with eager at
 the example, both ends of every range and a size inside. ``pytest -m zoo`` runs all of it; the CI subset (one fast
 model per family) runs in every run, on the CPU and, for the GPU backend, as cubins for sm_90 plus a tiny shape in
-Triton's interpreter."""
+Triton's interpreter; test_zoo_gpu.py runs every model on a real GPU."""
 
 from __future__ import annotations
 
 import functools
 
-import numpy as np
 import pytest
-import torch
 
-from zoo_harness import TOLERANCE, compare, export_model, relative_error
+from zoo_harness import GPU_TOLERANCE, TOLERANCE, compare, compare_cuda, export_model
 from packages import WORK
+from vision_libs import unavailable
 from zoo_models import CI_CUDA, CI_SUBSET, ZOO
 
 pytestmark = [pytest.mark.slow, pytest.mark.zoo]
@@ -24,7 +23,7 @@ def _param(name: str):
 
 
 def _skip_without_libraries(name: str, why: str | None) -> None:
-    if ZOO[name].library != "transformers" and why:
+    if unavailable(ZOO[name].library, why):
         pytest.skip(why)
 
 
@@ -51,7 +50,7 @@ def test_ci_subset_covers_every_family():
 
 
 # the GPU backend: sm_90 cubins (no GPU needed) for every zoo model under -m zoo, for one in every CI run; its
-# Triton kernels run in Triton's interpreter at tiny shapes
+# Triton kernels run in Triton's interpreter at tiny shapes, compared as test_zoo_gpu.py compares on a real GPU
 INTERPRETED = {"gemma": [{"batch": 1, "seq": 3}, {"batch": 2, "seq": 1}], "hf-resnet": [{"batch": 1, "size": 64}]}
 
 
@@ -74,13 +73,5 @@ def test_sm90_cubins_for_every_launch(name, vision_libs):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=CI if n == CI_CUDA else (), id=n) for n in INTERPRETED])
 def test_triton_kernels_match_eager_in_the_interpreter(name):
     pytest.importorskip("triton")
-    from tcexport.exporter.check.interpret import run_interpreted
-
-    model = ZOO[name]
-    cases = [model.inputs(sizes) for sizes in INTERPRETED[name]]
-    results = run_interpreted(_cuda_package(name).path, [[x.numpy() for x in inputs] for inputs in cases])
-    module = model.build()
-    for inputs, (got, *_) in zip(cases, results):
-        with torch.no_grad():
-            want = module(*inputs)
-        assert relative_error(np.asarray(got), want) <= TOLERANCE
+    worst, _ = compare_cuda(ZOO[name], _cuda_package(name).path, "interpret", INTERPRETED[name])
+    assert worst <= GPU_TOLERANCE

@@ -45,3 +45,9 @@ def define_missing_ops():
     except Exception as e:  # a broken install of either: the zoo skips their models and says why
         return None, f"importing timm/torchvision failed: {type(e).__name__}: {e}"
     return lib, None
+
+
+def unavailable(library: str, why: str | None) -> str | None:
+    """Why a zoo model from ``library`` cannot run here (``why`` from define_missing_ops), or None: transformers'
+    models always can."""
+    return why if library != "transformers" else None
