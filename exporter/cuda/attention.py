@@ -17,6 +17,7 @@ from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
 from tcexport.exporter.ir.kernels import Kernel
 from tcexport.exporter.schedule.attention import scores as attention_scores, skips_masked_keys
+from tcexport.exporter.schedule.split_kv import SPLIT_M
 
 
 def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
@@ -122,10 +123,14 @@ def _scores(sc: LaunchScope, k: Kernel, product: str, ind: str, lines: list) -> 
 
 
 def attention_tiles(prog: ir.Program, k: Kernel) -> AttentionConfig:
-    """The heuristic tiles of an attention kernel (tiles.attention_config) from its head dims and query rows."""
+    """The heuristic tiles of an attention kernel (tiles.attention_config) from its head dims and query rows; a
+    slice kernel of split-KV runs for at most SPLIT_M rows, whatever the rows' range (a decode step: one)."""
     g1, g2 = k.stages[0].node.gemm, k.stages[-1].node.gemm
     q_dtype = prog.buffers[g1.a.buffer].dtype
-    return attention_config(q_dtype, int(g1.k), int(g2.n), upper_bound(g1.m, symbol_bounds(prog)))
+    rows = upper_bound(g1.m, symbol_bounds(prog))
+    if k.kv_split is not None:
+        rows = SPLIT_M if rows is None else min(rows, SPLIT_M)
+    return attention_config(q_dtype, int(g1.k), int(g2.n), rows)
 
 
 def attention_geometry(k: Kernel, cfg: AttentionConfig) -> Geometry:
