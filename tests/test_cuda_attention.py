@@ -77,8 +77,9 @@ def test_causal_sdpa_is_one_kernel_and_matches_eager():
     m = open_archive(path).manifest
     env = {"seq": 100}
     from tcexport.formats import expr as ex
-    # the scores and probabilities are never written: the GPU arena is smaller than the CPU plan's
-    assert ex.evaluate(m.cuda.workspace_bytes, env) < ex.evaluate(m.workspace_bytes, env)
+    # the scores and probabilities are never written, on the GPU as on the CPU (cpu/attention.py): each arena is
+    # smaller than one head's float32 scores
+    assert max(ex.evaluate(m.cuda.workspace_bytes, env), ex.evaluate(m.workspace_bytes, env)) < 4 * 100 * 100
     _check(path, Causal(), [_qkv(1, 2, n, 16, seed=n) for n in (1, 3, 64, 65, 130)])
 
 

@@ -57,6 +57,22 @@ def test_every_call_equals_eager_and_updates_the_state():
     assert isinstance(out, torch.Tensor)
 
 
+def test_an_in_place_cache_write_touches_only_the_written_rows_and_copies_them_all_when_not_in_place():
+    """The cache write stores only the rows the call writes when its state output is its state input (the loader
+    passes one array: SPEC §2b in_place), and copies every other row when they are two arrays (ir.kept_elsewhere):
+    the graph run with the state as plain inputs and fresh outputs equals eager too."""
+    model, eager = load(built(KV)), load_module(MODELS / "kv_cache.py").model()
+    source = model.archive.read("src/cpu/model.cpp").decode()
+    assert "static_cast<const void*>(state_out_k_cache) != static_cast<const void*>(state_k_cache)" in source
+    for x, pos in _steps(4):
+        old = [getattr(eager, n).numpy().copy() for n in ("k_cache", "v_cache", "steps")]
+        want = _eager(eager, x, pos)
+        out, k_cache, v_cache, steps = model.base.run_arrays([x.numpy(), pos.numpy(), *old], {})  # fresh outputs
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        for got, name in ((k_cache, "k_cache"), (v_cache, "v_cache"), (steps, "steps")):
+            np.testing.assert_allclose(got, getattr(eager, name).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_sessions_interleaved_each_equal_to_its_own_eager_run():
     model = load(built(KV))
     module = load_module(MODELS / "kv_cache.py")

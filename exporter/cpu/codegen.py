@@ -245,6 +245,10 @@ class CppKernelWriter:
         lines: list[str] = []
         if loop.level == "row":
             for s in loop.stages:
+                kept = ir.kept_elsewhere(s.node, self.prog.buffers) if s.node.out.name not in k.local else None
+                if kept is not None:
+                    lines += self._store_changed(s, kept, locals_, indent)
+                    continue
                 em = CppEmitter(self.prog, locals_, indent, self.names)
                 val = em.emit(_store_body(k, s))
                 lines += em.lines
@@ -284,6 +288,25 @@ class CppKernelWriter:
             lines += [f"{indent}{line}" for line in plans[id(s)][3]]
             lines += self._store(k, s, acc, locals_, indent)
         return lines
+
+    def _store_changed(self, s, kept: tuple, locals_: dict, indent: str) -> list[str]:
+        """A node that changes its output only where a condition holds (ir.kept_elsewhere): the new value is
+        computed and stored there alone, and the old one copied elsewhere only when output and input are two
+        arrays (a state the loader updates in place is one: a decode step's cache write touches one row)."""
+        c, a, old = (ir.subs_index(v, s.var_map) for v in kept)
+        out = s.node.out
+        em = CppEmitter(self.prog, locals_, indent, self.names)
+        cond = em.emit(c)
+        inner = indent + "  "
+        value = CppEmitter(self.prog, locals_, inner, self.names)
+        val = value.emit(_without_final_round(a, out.dtype))
+        at = cindex(out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))]))
+        src = self.prog.buffers[old.buffer]
+        return em.lines + [f"{indent}if ({cond}) {{"] + value.lines + [
+            f"{inner}{out.name}[{at}] = {stored(out.dtype, val)};",
+            f"{indent}}} else if (static_cast<const void*>({out.name}) != static_cast<const void*>({src.name})) {{",
+            f"{inner}{out.name}[{at}] = {src.name}[{cindex(src.flat_index(old.index))}];",
+            f"{indent}}}"]
 
     def _store(self, k: Kernel, s, val: str, locals_: dict, indent: str) -> list[str]:
         name = s.node.out.name

@@ -53,6 +53,10 @@ def _loop(sc: LaunchScope, k, loop, registers, written, cfg, inner, ind) -> list
         lines.append(f"{ind}tl.debug_barrier()")  # values this kernel stored earlier, read by other threads
     if loop.level == "row":
         for s in loop.stages:
+            kept = ir.kept_elsewhere(s.node, sc.prog.buffers) if s.node.out.name not in k.local else None
+            if kept is not None:
+                lines += _store_changed(sc, s, kept, registers, written, ind)
+                continue
             em = TritonEmitter(sc, registers, ind, "xmask")
             val = em.tensor(ir.subs_index(s.node.body, s.var_map))
             lines += em.lines
@@ -150,3 +154,28 @@ def _store(sc: LaunchScope, k, s, val: str, registers: dict, written: set, inden
     flat = s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
     offset = tindex(flat) + ("" if sympy.sympify(flat).free_symbols else BLOCK_ZERO[mask])
     return [f"{indent}tl.store({name} + {offset}, {stored(val, s.node.out.dtype)}, mask={mask})"]
+
+
+def _store_changed(sc: LaunchScope, s, kept: tuple, registers: dict, written: set, ind: str) -> list[str]:
+    """A node that changes its output only where a condition holds (ir.kept_elsewhere): the new value is stored
+    there alone, and the old one copied elsewhere only when output and input are two arrays (a state the loader
+    updates in place is one: a decode step's cache write touches one row)."""
+    c, a, old = (ir.subs_index(v, s.var_map) for v in kept)
+    out = s.node.out
+    em = TritonEmitter(sc, registers, ind, "xmask")
+    cond = em.tensor(c)
+    val = em.tensor(a)  # its reads are safe anywhere (a gather's index is range-checked); only its store is masked
+    flat = out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
+    at = tindex(flat) + ("" if sympy.sympify(flat).free_symbols else BLOCK_ZERO["xmask"])
+    src = sc.prog.buffers[old.buffer]
+    src_flat = src.flat_index(old.index)
+    src_at = tindex(src_flat) + ("" if sympy.sympify(src_flat).free_symbols else BLOCK_ZERO["xmask"])
+    sc.use(out.name)
+    sc.use(src.name)
+    written.add(out.name)
+    copy = f"xmask & ({cond} == 0)"
+    return em.lines + [
+        f"{ind}tl.store({out.name} + {at}, {stored(val, out.dtype)}, mask=xmask & {cond})",
+        f"{ind}if {out.name}.to(tl.int64, bitcast=True) != {src.name}.to(tl.int64, bitcast=True):",
+        f"{ind}    tl.store({out.name} + {at}, tl.load({src.name} + {src_at}, mask={copy}), "
+        f"mask={copy})"]

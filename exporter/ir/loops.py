@@ -381,3 +381,25 @@ class Program:
             defined.add(n.out.name)
         for o in self.outputs:
             assert o in defined, f"output {o} never written"
+
+
+def kept_elsewhere(node: Node, buffers: dict) -> tuple[Value, Value, Load] | None:
+    """(c, a, old) when a pointwise output is ``where(c, a, old)`` and ``old`` is the element of an input of the
+    output's dtype and shape at the output's own position (the only place the input is read): the output changes
+    only where c holds. A state updated in place (SPEC §2b: a KV cache's cache write) is such a node, and the loader
+    may pass its input and output as one array; a renderer then stores only where c holds, and copies ``old``
+    elsewhere only when the two arrays differ (a check of the pointers when the kernel runs)."""
+    body = node.body
+    if node.kind != "pointwise" or node.out.kind != "output" or not (isinstance(body, Op) and body.op == "where"):
+        return None
+    c, a, old = body.args
+    src = buffers.get(old.buffer) if isinstance(old, Load) else None
+    if src is None or src.kind != "input" or src.dtype != node.out.dtype or old.dtype != src.dtype or \
+            len(src.shape) != len(node.out.shape) or not all(same_size(x, y) for x, y in zip(src.shape, node.out.shape)):
+        return None
+    own = tuple(ivar(d) for d in range(len(node.ranges)))
+    if not same_size(src.flat_index(old.index), node.out.flat_index(own)):
+        return None
+    if any(isinstance(x, (Load, LoadIndirect)) and x.buffer == src.name and x != old for v in (c, a) for x in walk(v)):
+        return None
+    return c, a, old
