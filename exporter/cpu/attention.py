@@ -18,7 +18,7 @@ from tcexport.exporter.ir.kernels import Kernel
 from tcexport.exporter.schedule.attention import scores as attention_scores, skips_masked_keys
 
 BM, BN = 32, 64  # query rows a program, keys a step
-MAX_HEAD_DIM = 128  # q, k and v blocks of up to this many columns live on the program's stack
+MAX_HEAD_DIM = 128  # heads up to this wide (wider ones keep the three kernels)
 
 
 def _element(prog: ir.Program, op: ir.GemmOperand, b, r, c) -> str:
@@ -53,13 +53,14 @@ def _bind(shape: tuple, row: str, col: str, indent: str) -> list[str]:
 
 
 def supported(prog: ir.Program, k: Kernel) -> bool:
-    """The fused kernel binds the scores' and the output's positions as [batch dims..., rows, cols]."""
+    """Whether the fused kernel takes ``k``: heads up to MAX_HEAD_DIM wide, and the scores' and the output's
+    positions [batch dims..., rows, cols] (it binds them so)."""
     qk, pv = k.stages[0].node, k.stages[-1].node
     g1, g2 = qk.gemm, pv.gemm
     p_shape = k.stages[3].node.out.shape
-    return (int(g1.k) <= MAX_HEAD_DIM and int(g2.n) <= MAX_HEAD_DIM and matrix_shaped(qk.out.shape, g1.m, g1.n) and matrix_shaped(p_shape, g1.m, g1.n)
-            and matrix_shaped(pv.out.shape, g1.m, g2.n) and all(
-                ir.same_size(ir.product(sh[:-2]), g1.batch) for sh in (qk.out.shape, p_shape, pv.out.shape)))
+    shapes = ((qk.out.shape, g1.n), (p_shape, g1.n), (pv.out.shape, g2.n))
+    return int(g1.k) <= MAX_HEAD_DIM and int(g2.n) <= MAX_HEAD_DIM and all(
+        matrix_shaped(shape, g1.m, cols) and ir.same_size(ir.product(shape[:-2]), g1.batch) for shape, cols in shapes)
 
 
 def attention_body(prog: ir.Program, k: Kernel, names, indent: str) -> list[str]:
@@ -75,8 +76,12 @@ def attention_body(prog: ir.Program, k: Kernel, names, indent: str) -> list[str]
     lines = [
         f"{indent}const int64_t M = {cindex(g1.m)}, N = {cindex(g1.n)};",
         f"{indent}const int64_t r0 = o1 * {BM}, mm = std::min<int64_t>({BM}, M - r0);",
-        f"{indent}alignas(64) float q[{BM * d}], acc[{BM * dv}], pv[{BM * dv}], s[{BM * BN}], kb[{BN * d}], "
-        f"vb[{BN * dv}];",
+        f"{indent}float* const q = tc_scratch({BM * d + 2 * BM * dv + BM * BN + BN * d + BN * dv});",
+        f"{indent}float* const acc = q + {BM * d};",
+        f"{indent}float* const pv = acc + {BM * dv};",
+        f"{indent}float* const s = pv + {BM * dv};",
+        f"{indent}float* const kb = s + {BM * BN};",
+        f"{indent}float* const vb = kb + {BN * d};",
         f"{indent}float m_i[{BM}], l_i[{BM}], alpha[{BM}];",
         f"{indent}for (int64_t q0 = 0; q0 < mm; ++q0) {{",
         f"{i1}m_i[q0] = {neg_inf}; l_i[q0] = 0.0f;",
@@ -96,7 +101,8 @@ def attention_body(prog: ir.Program, k: Kernel, names, indent: str) -> list[str]
         lines += [f"{i3}live |= tc_v != {neg_inf};", f"{i2}}}", f"{i1}}}", f"{i1}if (!live) continue;"]
     lines += [
         f"{i1}for (int64_t q1 = 0; q1 < nn; ++q1)",
-        f"{i2}for (int64_t q2 = 0; q2 < {d}; ++q2) kb[q1 * {d} + q2] = {_element(prog, g1.b, 'o0', 'q2', 'r1 + q1')};",
+        f"{i2}for (int64_t q2 = 0; q2 < {d}; ++q2)",
+        f"{i3}kb[q1 * {d} + q2] = {_element(prog, g1.b, 'o0', 'q2', 'r1 + q1')};",
         f"{i1}tc_sgemm_block(f.sgemm, mm, nn, {d}, q, {d}, true, kb, {d}, s, {BN});",
         f"{i1}for (int64_t q0 = 0; q0 < mm; ++q0) {{",
         f"{i2}float* si = s + q0 * {BN};",
@@ -121,7 +127,8 @@ def attention_body(prog: ir.Program, k: Kernel, names, indent: str) -> list[str]
         f"{i2}m_i[q0] = m_new;",
         f"{i1}}}",
         f"{i1}for (int64_t q1 = 0; q1 < nn; ++q1)",
-        f"{i2}for (int64_t q2 = 0; q2 < {dv}; ++q2) vb[q1 * {dv} + q2] = {_element(prog, g2.b, 'o0', 'r1 + q1', 'q2')};",
+        f"{i2}for (int64_t q2 = 0; q2 < {dv}; ++q2)",
+        f"{i3}vb[q1 * {dv} + q2] = {_element(prog, g2.b, 'o0', 'r1 + q1', 'q2')};",
         f"{i1}tc_sgemm_block(f.sgemm, mm, {dv}, nn, s, {BN}, false, vb, {dv}, pv, {dv});",
         f"{i1}for (int64_t q0 = 0; q0 < mm; ++q0)",
         f"{i2}for (int64_t q2 = 0; q2 < {dv}; ++q2) acc[q0 * {dv} + q2] = acc[q0 * {dv} + q2] * alpha[q0] + "

@@ -395,7 +395,8 @@ def kept_elsewhere(node: Node, buffers: dict) -> tuple[Value, Value, Load] | Non
     c, a, old = body.args
     src = buffers.get(old.buffer) if isinstance(old, Load) else None
     if src is None or src.kind != "input" or src.dtype != node.out.dtype or old.dtype != src.dtype or \
-            len(src.shape) != len(node.out.shape) or not all(same_size(x, y) for x, y in zip(src.shape, node.out.shape)):
+            len(src.shape) != len(node.out.shape) or \
+            not all(same_size(x, y) for x, y in zip(src.shape, node.out.shape)):
         return None
     own = tuple(ivar(d) for d in range(len(node.ranges)))
     if not same_size(src.flat_index(old.index), node.out.flat_index(own)):

@@ -394,6 +394,14 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
 }
 #endif
 
+// This thread's scratch of at least ``floats`` floats (the fused attention kernels' blocks): grown on demand and
+// kept, so a kernel neither allocates per call nor puts its blocks on a thread's stack (128 KB where musl runs).
+inline float* tc_scratch(size_t floats) {
+  static thread_local std::vector<float> buf;
+  if (buf.size() < floats) buf.resize(floats);
+  return buf.data();
+}
+
 // C (M x N, rows ldc apart) = A (M x K, rows lda apart) times B (K x N), or times the transpose of B (N x K) when
 // tb, on the calling thread: the fused attention kernel's block products (exporter/cpu/attention.py).
 inline void tc_sgemm_block(tc_sgemm_fn sgemm, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
