@@ -4,7 +4,6 @@ Triton's interpreter against eager PyTorch at lengths around the key block (64).
 
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -17,31 +16,11 @@ from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402
+from attention_models import CacheAttention, Causal, HandWritten, Masked, cache_case, qkv  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 SEQ = {2: "seq"}
-
-
-class Causal(torch.nn.Module):
-    def forward(self, q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-class Masked(torch.nn.Module):
-    """A float mask added to the scores; keys of other lengths than queries."""
-
-    def forward(self, q, k, v, mask):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-class HandWritten(torch.nn.Module):
-    """softmax(q k^T / sqrt(d) masked) v written out, with a bool padding mask and head dim 24 (padded to 32)."""
-
-    def forward(self, q, k, v, keep):
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-        scores = scores.masked_fill(keep[:, None, None, :].logical_not(), float("-inf"))
-        return scores.softmax(-1) @ v
 
 
 def _export(module, inputs, dynamic, name):
@@ -64,14 +43,8 @@ def _check(path, module, cases, rtol=1e-5, atol=1e-5):
                                    atol=atol, err_msg=str([tuple(t.shape) for t in case]))
 
 
-def _qkv(b, h, lq, d, lk=None, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    lk = lq if lk is None else lk
-    return [torch.randn(s, generator=g).to(dtype) for s in ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d))]
-
-
 def test_causal_sdpa_is_one_kernel_and_matches_eager():
-    path = _export(Causal(), _qkv(1, 2, 8, 16), {"q": SEQ, "k": SEQ, "v": SEQ}, "causal")
+    path = _export(Causal(), qkv(1, 2, 8, 16), {"q": SEQ, "k": SEQ, "v": SEQ}, "causal")
     names = _launch_names(path)
     assert [n for n in names if n.endswith("_attention")] and not [n for n in names if "reduce_max" in n], names
     m = open_archive(path).manifest
@@ -80,18 +53,18 @@ def test_causal_sdpa_is_one_kernel_and_matches_eager():
     # the scores and probabilities are never written, on the GPU as on the CPU (cpu/attention.py): each arena is
     # smaller than one head's float32 scores
     assert max(ex.evaluate(m.cuda.workspace_bytes, env), ex.evaluate(m.workspace_bytes, env)) < 4 * 100 * 100
-    _check(path, Causal(), [_qkv(1, 2, n, 16, seed=n) for n in (1, 3, 64, 65, 130)])
+    _check(path, Causal(), [qkv(1, 2, n, 16, seed=n) for n in (1, 3, 64, 65, 130)])
 
 
 def test_masked_sdpa_with_other_key_length_matches_eager():
     kv = {2: "keys"}
-    q, k, v = _qkv(2, 2, 4, 32, lk=6)
+    q, k, v = qkv(2, 2, 4, 32, lk=6)
     mask = torch.randn(2, 1, 4, 6)
     path = _export(Masked(), (q, k, v, mask), {"q": SEQ, "k": kv, "v": kv, "mask": {2: "seq", 3: "keys"}}, "masked")
     assert any(n.endswith("_attention") for n in _launch_names(path))
     cases = []
     for lq, lk in ((1, 1), (5, 70), (67, 3)):
-        q, k, v = _qkv(2, 2, lq, 32, lk=lk, seed=lq)
+        q, k, v = qkv(2, 2, lq, 32, lk=lk, seed=lq)
         cases.append([q, k, v, torch.randn(2, 1, lq, lk)])
     _check(path, Masked(), cases)
 
@@ -103,7 +76,7 @@ def test_a_mask_with_rows_of_a_symbolic_length_gets_an_aligned_variant():
     from tcexport.formats import expr as ex
 
     kv = {2: "keys"}
-    q, k, v = _qkv(1, 2, 4, 32, lk=16)
+    q, k, v = qkv(1, 2, 4, 32, lk=16)
     pkg = export(Masked(), (q, k, v, torch.randn(1, 1, 4, 16)), {"q": SEQ, "k": kv, "v": kv,
                  "mask": {2: "seq", 3: "keys"}}, "cuda:sm_90", name="aligned", cache_dir=WORK / "cache")
     launches = [l for l in pkg.manifest.cuda.launches if "_attention" in l.name]
@@ -118,18 +91,18 @@ def test_a_mask_with_rows_of_a_symbolic_length_gets_an_aligned_variant():
     (bundle,) = archive.manifest.kernels
     cubins = {c.kernel: archive.read(c.file) for c in archive.manifest.cubins(bundle.isa)}
     assert cubins[launches[0].name] != cubins[launches[1].name]  # one source (run below), two compilations
-    cases = [[*_qkv(1, 2, lq, 32, lk=lk, seed=lk), torch.randn(1, 1, lq, lk)] for lq, lk in ((3, 16), (5, 33))]
+    cases = [[*qkv(1, 2, lq, 32, lk=lk, seed=lk), torch.randn(1, 1, lq, lk)] for lq, lk in ((3, 16), (5, 33))]
     _check(path, Masked(), cases)
 
 
 def test_hand_written_attention_with_padding_mask_matches_eager():
-    q, k, v = _qkv(2, 3, 5, 24)
+    q, k, v = qkv(2, 3, 5, 24)
     keep = torch.ones(2, 5, dtype=torch.bool)
     path = _export(HandWritten(), (q, k, v, keep), {"q": SEQ, "k": SEQ, "v": SEQ, "keep": {1: "seq"}}, "hand")
     assert any(n.endswith("_attention") for n in _launch_names(path))
     cases = []
     for n in (2, 66):
-        q, k, v = _qkv(2, 3, n, 24, seed=n)
+        q, k, v = qkv(2, 3, n, 24, seed=n)
         keep = torch.rand(2, n, generator=torch.Generator().manual_seed(n)) > 0.3
         keep[:, 0] = True  # every row keeps a key (an all-masked row is NaN in both)
         cases.append([q, k, v, keep])
@@ -137,12 +110,12 @@ def test_hand_written_attention_with_padding_mask_matches_eager():
 
 
 def test_bfloat16_attention_matches_eager_within_bf16():
-    qkv = _qkv(1, 2, 8, 64, dtype=torch.bfloat16)
-    path = _export(Causal(), qkv, {"q": SEQ, "k": SEQ, "v": SEQ}, "causal_bf16")
+    inputs = qkv(1, 2, 8, 64, dtype=torch.bfloat16)
+    path = _export(Causal(), inputs, {"q": SEQ, "k": SEQ, "v": SEQ}, "causal_bf16")
     assert any(n.endswith("_attention") for n in _launch_names(path))
-    got = run_interpreted(path, [[t.view(torch.uint16).numpy() for t in _qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)]])
+    got = run_interpreted(path, [[t.view(torch.uint16).numpy() for t in qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)]])
     out = torch.from_numpy(np.asarray(got[0][0]).view(np.uint16).astype(np.int32)).to(torch.int16).view(torch.bfloat16)
-    want = Causal()(*[t.double() for t in _qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)])
+    want = Causal()(*[t.double() for t in qkv(1, 2, 70, 64, seed=1, dtype=torch.bfloat16)])
     np.testing.assert_allclose(out.double().numpy(), want.numpy(), rtol=2e-2, atol=2e-2)
 
 
@@ -208,29 +181,13 @@ class ReturnsWeights(torch.nn.Module):
 
 
 def test_probabilities_returned_as_an_output_are_not_fused_away():
-    qkv = _qkv(1, 2, 8, 16)
-    path = _export(ReturnsWeights(), qkv, {"q": SEQ, "k": SEQ, "v": SEQ}, "returns_weights")
+    inputs = qkv(1, 2, 8, 16)
+    path = _export(ReturnsWeights(), inputs, {"q": SEQ, "k": SEQ, "v": SEQ}, "returns_weights")
     assert not any(n.endswith("_attention") for n in _launch_names(path))
-    case = _qkv(1, 2, 9, 16, seed=3)
+    case = qkv(1, 2, 9, 16, seed=3)
     got = run_interpreted(path, [[t.numpy() for t in case]])[0]
     for g, w in zip(got, ReturnsWeights()(*case)):
         np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-5, atol=1e-5)
-
-
-class CacheAttention(torch.nn.Module):
-    """Queries of a dynamic length over a static cache of keys, masked beyond each query's position (a
-    transformers static cache's decode step and prefill), the bool mask built from the position as there."""
-
-    def forward(self, q, k, v, position):
-        keys = torch.arange(k.size(2))
-        rows = position + torch.arange(q.size(2))
-        keep = keys[None, :] <= rows[:, None]
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-
-
-def _cache_case(lq, position, seed, cache=512, dtype=torch.float32):
-    q, k, v = _qkv(2, 3, lq, 32, lk=cache, seed=seed, dtype=dtype)
-    return [q, k, v, torch.tensor(position)]
 
 
 def test_few_query_rows_over_a_static_cache_split_the_keys_and_skip_empty_blocks():
@@ -240,7 +197,7 @@ def test_few_query_rows_over_a_static_cache_split_the_keys_and_skip_empty_blocks
     eager at lengths on either side of the split and with the position at either end of the cache."""
     from tcexport.formats import expr as ex
 
-    path = _export(CacheAttention(), _cache_case(4, 3, 0), {"q": SEQ}, "cache_split")
+    path = _export(CacheAttention(), cache_case(4, 3, 0), {"q": SEQ}, "cache_split")
     launches = [l for l in open_archive(path).manifest.cuda.launches if "attention" in l.name]
     names = [l.name.rsplit("_attention", 1)[1] for l in launches]
     assert names == ["", "_split", "_combine"], [l.name for l in launches]
@@ -248,15 +205,15 @@ def test_few_query_rows_over_a_static_cache_split_the_keys_and_skip_empty_blocks
     for seq in (1, 16, 17, 64):
         runs = [min(ex.evaluate(g, {"seq": seq}) for g in l.grid) > 0 for l in launches]
         assert runs == [seq > 16, seq <= 16, seq <= 16], (seq, runs)
-    cases = [_cache_case(lq, pos, seed) for seed, (lq, pos) in
+    cases = [cache_case(lq, pos, seed) for seed, (lq, pos) in
              enumerate([(1, 0), (1, 200), (1, 511), (5, 130), (16, 496), (17, 0), (40, 300)])]
     _check(path, CacheAttention(), cases)
 
 
 def test_a_bfloat16_decode_step_over_a_split_cache_matches_eager_within_bf16():
-    path = _export(CacheAttention(), _cache_case(4, 3, 0, dtype=torch.bfloat16), {"q": SEQ}, "cache_split_bf16")
+    path = _export(CacheAttention(), cache_case(4, 3, 0, dtype=torch.bfloat16), {"q": SEQ}, "cache_split_bf16")
     for lq, pos in ((1, 300), (3, 64)):
-        case = _cache_case(lq, pos, lq, dtype=torch.bfloat16)
+        case = cache_case(lq, pos, lq, dtype=torch.bfloat16)
         got = run_interpreted(path, [[t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
                                       for t in case]])
         out = torch.from_numpy(np.asarray(got[0][0]).view(np.uint16).astype(np.int32)).to(torch.int16)

@@ -1,0 +1,51 @@
+"""Attention modules and inputs both backends' attention tests use (test_cuda_attention.py, test_cpu_attention.py):
+causal, masked and hand-written softmax attention, and queries over a static cache masked past their position."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class Causal(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Masked(torch.nn.Module):
+    """A float mask added to the scores; keys of other lengths than queries."""
+
+    def forward(self, q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class HandWritten(torch.nn.Module):
+    """softmax(q k^T / sqrt(d) masked) v written out, with a bool padding mask and head dim 24 (padded to 32)."""
+
+    def forward(self, q, k, v, keep):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        scores = scores.masked_fill(keep[:, None, None, :].logical_not(), float("-inf"))
+        return scores.softmax(-1) @ v
+
+
+def qkv(b, h, lq, d, lk=None, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    lk = lq if lk is None else lk
+    return [torch.randn(s, generator=g).to(dtype) for s in ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d))]
+
+
+class CacheAttention(torch.nn.Module):
+    """Queries of a dynamic length over a static cache of keys, masked beyond each query's position (a
+    transformers static cache's decode step and prefill), the bool mask built from the position as there."""
+
+    def forward(self, q, k, v, position):
+        keys = torch.arange(k.size(2))
+        rows = position + torch.arange(q.size(2))
+        keep = keys[None, :] <= rows[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def cache_case(lq, position, seed, cache=512, dtype=torch.float32):
+    q, k, v = qkv(2, 3, lq, 32, lk=cache, seed=seed, dtype=dtype)
+    return [q, k, v, torch.tensor(position)]
