@@ -175,8 +175,6 @@ def _index_put_assign(low, val, base, indices, values):
     idx, shape, out = indices[d], shape_of(low, val), torch_dtype_name(val.dtype)
     if not base.is_identity():
         base = low.realize(base)
-    if not values.is_identity():
-        values = low.realize(values)
     rows, count = shape[d], idx.shape[0]
     position = wrapped(idx.load((ir.rvar(0),)), rows)
     # reading base at each position range-checks it (LoadIndirect); the value read is not used
@@ -200,7 +198,8 @@ def _index_put_assign(low, val, base, indices, values):
             indirect = True
         else:
             v_idx.append(ir.ivar(k + offset))
-    new = ir.LoadIndirect(values.dtype, values.buffer.name, tuple(v_idx), (row,), origin=low.source()) \
-        if indirect else values.load(v_idx)
+    new = values.load(v_idx)  # through the view: the new rows of a KV cache are read where the projection left them
+    if indirect:
+        new = ir.LoadIndirect(new.dtype, new.buffer, new.index, (row,), origin=low.source())
     old = base.load(ivars(len(shape)))
     return low.pointwise(shape, out, ir.Op(out, "where", (found, cast(new, out), cast(old, out))))

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One GPU-machine session after a GPU kernel change (bench/README.md, "LLM decode and prefill"), in steps that each
+# fit one device call: the GPU machine has the packages the exporter needs but not this one installed, so it runs
+# from the working tree. Results land in bench/results/ and, when $OUT is set (the device tool), are copied there.
+#   bench/device_session.sh tests        the GPU tests of state, methods and the CUDA loader
+#   bench/device_session.sh decode B [M] bench/decode.py at batch B for model M (default: gpt2, then llama, each in
+#                                        its own process, so that a cut-off second keeps the first's results)
+#   bench/device_session.sh zoo S        the GPU zoo table, under a deadline of S seconds
+set -u
+cd "$(dirname "$0")/.."
+ns=$(mktemp -d)/ns
+mkdir -p "$ns/tcexport"
+for d in exporter packager loader formats serving; do ln -sfn "$PWD/$d" "$ns/tcexport/$d"; done
+export PYTHONPATH="$ns:$PWD:$PWD/tests" TCEXPORT_CACHE="${TCEXPORT_CACHE:-$PWD/.device-cache}"
+out=${OUT:-bench/results}
+step=${1:?tests, decode B or zoo S}
+case "$step" in
+  tests)
+    timeout "${2:-300}" python3 -m pytest -q -p no:cacheprovider tests/test_state_gpu.py tests/test_methods.py \
+      tests/test_cuda_gpu.py 2>&1 | tail -40 ;;
+  decode)
+    b=${2:-1}
+    for m in ${3:-gpt2 llama}; do
+      timeout "${4:-280}" python3 -m bench.decode --device cuda --models "$m" --contexts 128 1024 --batch "$b" \
+        --runs 50 --out "h200-decode-$m-b$b" 2>&1 | tail -30
+      cp bench/results/h200-decode-$m-b$b.* "$out/" 2>/dev/null
+    done ;;
+  zoo)
+    python3 -m bench.zoo_table --device cuda --jobs 6 --timeout 240 --deadline "${2:-500}" 2>&1 | tail -70
+    cp bench/results/*zoo-cuda* "$out/" 2>/dev/null ;;
+esac
