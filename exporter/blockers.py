@@ -45,12 +45,13 @@ class Blocker:
     symbol: str | None = None
     expected: object = None
     got: object = None
+    method: str | None = None  # with methods, the method it blocks
 
     def to_json(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def __str__(self) -> str:
-        return f"[{self.error}] {self.message}"
+        return f"[{self.error}]{f' method {self.method}:' if self.method else ''} {self.message}"
 
 
 def blocker(e: TcError) -> Blocker:

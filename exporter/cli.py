@@ -217,14 +217,6 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
     if not quiet:
         print(f"checking {args.model_file}" if args.report else f"exporting {args.model_file} -> {out}", file=err)
     spec = load_model_file(args.model_file)
-    if spec.methods and (args.report or args.verify):
-        from tcexport.exporter.errors import MethodError
-
-        option = "--report" if args.report else "--verify"
-        raise MethodError(f"{args.model_file} declares methods {[m.name for m in spec.methods]}; {option} checks one "
-                          f"forward and does not run methods yet. Drop {option} (each method is called at its "
-                          f"example inputs before the package is written), or check a model file with a forward.",
-                          expected=f"no {option}", got=option)
     if args.report:
         return _report(spec, args, reporter)
     if args.sign_key is not None:  # a key that cannot sign fails now, not after minutes of export
@@ -260,7 +252,12 @@ def export(args, metadata: dict, reporter: Reporter) -> int:
 
         if pkg.reference is not None:  # --precision: the package computes the autocast module, not the model
             spec = dataclasses.replace(spec, module=pkg.reference)
-        report = verify_mod.verify(spec, out, quiet=quiet)
+        if spec.methods:
+            from tcexport.exporter.check.verify_methods import verify_methods
+
+            report = verify_methods(spec, out, quiet=quiet)
+        else:
+            report = verify_mod.verify(spec, out, quiet=quiet)
         summary["verify"] = report
         if not report["ok"]:
             return _verify_failed(reporter, summary)
@@ -272,13 +269,23 @@ def _report(spec, args, reporter: Reporter) -> int:
     from tcexport.exporter import report
     from tcexport.exporter.pipeline import parse_targets
 
-    blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(args.target),
-                      dynamic=args.dynamic, source_path=str(args.model_file), backward=args.backward,
-                      grad_inputs=[n.strip() for g in args.grad_inputs for n in g.split(",") if n.strip()])
+    options = dict(source_path=str(args.model_file), backward=args.backward,
+                   grad_inputs=[n.strip() for g in args.grad_inputs for n in g.split(",") if n.strip()])
+    if spec.methods:  # each method is captured on its own, so each is checked on its own
+        from tcexport.exporter.front.methods import running, split_dynamic
+
+        dynamic = split_dynamic(list(args.dynamic), tuple(m.name for m in spec.methods))
+        blockers = [dataclasses.replace(b, method=m.name) for m in spec.methods
+                    for b in report(running(spec.module, m.function), m.example_inputs, m.dynamic_shapes,
+                                    parse_targets(args.target), dynamic=dynamic[m.name], **options)]
+    else:
+        blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(args.target),
+                          dynamic=args.dynamic, **options)
     code = blockers[0].exit_code if blockers else 0
     if not reporter.as_json:
         for k, b in enumerate(blockers, 1):
-            print(f"blocker {k}/{len(blockers)} ({b.error}, exit {b.exit_code}): {b.message}\n", file=sys.stderr)
+            where = f"method {b.method}, " if b.method else ""
+            print(f"blocker {k}/{len(blockers)} ({where}{b.error}, exit {b.exit_code}): {b.message}\n", file=sys.stderr)
         print(f"{args.model_file}: {len(blockers) or 'nothing'} blocking the export", file=sys.stderr)
     return reporter.success({"report": True, "blockers": [b.to_json() for b in blockers]}, exit_code=code)
 
@@ -319,13 +326,19 @@ def _summary(pkg, out: Path, seconds: float, signed: bool) -> dict:
     if m.methods:
         summary["methods"] = {x.name: {"inputs": [_spec_json(s) for s in v.inputs],
                                        "outputs": [_spec_json(s) for s in v.outputs],
-                                       "symbols": {s.name: [s.min, s.max] for s in v.symbols}}
+                                       "symbols": {s.name: [s.min, s.max] for s in v.symbols},
+                                       "kernels": _kernel_names(m.graphs[x.graph])}
                               for x, v in ((x, m.method(x.name)) for x in m.methods)}
     if m.training is not None:
         t = m.training
         summary["training"] = {"trainable": list(t.trainable), "saved": len(t.forward.outputs) - len(m.outputs),
                                "gradients": [name for _, name in t.gradients]}
     return summary
+
+
+def _kernel_names(g) -> list[str]:
+    """A graph's kernels by name: its CPU kernels, or where it has none its GPU kernels."""
+    return list(g.kernels) or list(g.cuda.kernels if g.cuda is not None else ())
 
 
 def _spec_json(s) -> dict:

@@ -18,7 +18,8 @@ USAGE_ERROR = 2        # argparse's exit status for a bad command line, kept by 
 INTERNAL_ERROR = 70    # sysexits' EX_SOFTWARE: a bug in tcexport
 
 # the structured fields of ``error``, in the order they are written
-ERROR_FIELDS = ("type", "message", "input", "dim", "symbol", "op", "file", "line", "expected", "got", "path", "rule")
+ERROR_FIELDS = ("type", "message", "input", "dim", "symbol", "op", "file", "line", "expected", "got", "path", "rule",
+                "method")
 
 # "model.py:12 in forward: y = x.view(-1)" (exporter/front/source_line.py) -> file, line
 _SOURCE_RE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?: in |$)")
@@ -52,7 +53,8 @@ def error_fields(err: BaseException, type_name: str | None = None, message: str 
         value = getattr(err, key, None)
         if value is not None:
             fields[key] = _plain(value)
-    if fields["input"] is None and getattr(err, "name", None) is not None:   # TrainingError names its weight
+    if fields["input"] is None and fields["method"] is None and getattr(err, "name", None) is not None:
+        # TrainingError names its weight (an UnknownMethodError's name is its method)
         fields["input"] = _plain(err.name)
     source = getattr(err, "source", None)
     if isinstance(source, str) and fields["file"] is None:

@@ -148,11 +148,15 @@ class TrainingError(TcError):
 
 class UnknownMethodError(TcError, KeyError):
     """``m.methods[name]`` names no method of the package (SPEC §2c). ``name`` is the one asked for, ``methods`` the
-    package's. A KeyError too, so ``name in m.methods`` and ``m.methods.get(name)`` work as on any mapping."""
+    package's. A KeyError too, so ``name in m.methods`` and ``m.methods.get(name)`` work as on any mapping. Exit 2:
+    from the command line (``tcpkg run --method``) it is a usage error."""
+
+    exit_code = 2
 
     def __init__(self, message: str, *, name: str, methods: list):
         super().__init__(message)
         self.name = name
+        self.method = name
         self.methods = list(methods)
         self.expected = list(methods)
         self.got = name

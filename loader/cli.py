@@ -73,6 +73,9 @@ def build_parser(commands: dict | None = None) -> ArgumentParser:
                    help="where to write <output>.npy (default: .)")
     p.add_argument("--threads", dest="num_threads", type=int, help="CPU threads (default: all allowed)")
     p.add_argument("--isa", help="force a CPU kernel bundle by isa name")
+    p.add_argument("--method", help="the method to run, in a package with methods (default: its forward); a "
+                   "package with state starts from its initial values and writes the state after the call to "
+                   "OUT/state.<name>.npy")
     p.add_argument("--trusted-key", action="append", type=pathlib.Path, default=[], help=TRUSTED_KEY_HELP)
     return parser
 
@@ -171,25 +174,45 @@ def cmd_sign(args, reporter: Reporter) -> int:
 
 
 def cmd_run(args, reporter: Reporter) -> int:
-    import numpy as np
-
     from .load import load
 
     arrays = dict(_read_input(spec) for spec in args.inputs)
     model = load(args.package, num_threads=args.num_threads, isa=args.isa, trusted_keys=_keys(args.trusted_key))
-    result = model(**arrays)
-    results = result if isinstance(result, tuple) else (result,)
+    name = args.method or "forward"
+    method = model.methods[name]  # UnknownMethodError (exit 2) names the methods there are
     try:
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        report = []
-        for spec, value in zip(model.outputs, results):
-            file = args.out_dir / f"{spec.name}.npy"
-            np.save(file, value.view(np.dtype(value.dtype.str)), allow_pickle=False)  # bfloat16: raw uint16 bits
-            report.append({"name": spec.name, "dtype": spec.dtype, "shape": list(value.shape), "file": str(file)})
+        result = method(**arrays)
+    except TcError as e:  # a guard or kernel error: say which method it was
+        if getattr(e, "method", None) is None:
+            e.method = name
+        raise
+    results = result if isinstance(result, tuple) else (result,)
+    report = [_save(args.out_dir, spec.name, spec.dtype, value) for spec, value in zip(method.outputs, results)]
+    body: dict = {"method": name, "outputs": report}
+    text = [f"{r['name']}: {r['dtype']}{r['shape']} -> {r['file']}" for r in report]
+    if hasattr(model, "state"):
+        body["state"] = [_save(args.out_dir, f"state.{k}", _dtype_of(v), v) for k, v in model.state().items()]
+        text += [f"state {r['name']}: {r['dtype']}{r['shape']} -> {r['file']}" for r in body["state"]]
+    return reporter.success(body, "\n".join(text))
+
+
+def _dtype_of(a) -> str:
+    from .dtypes import dtype_name
+
+    return dtype_name(a.dtype)
+
+
+def _save(folder: pathlib.Path, name: str, dtype: str, value) -> dict:
+    """``value`` as FOLDER/<name>.npy (bfloat16 as its raw uint16 bits: numpy has no bfloat16)."""
+    import numpy as np
+
+    file = folder / f"{name}.npy"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(file, value.view(np.dtype(value.dtype.str)), allow_pickle=False)
     except OSError as e:
-        raise TcError(f"cannot write the outputs to {args.out_dir}: {e}; pass another folder with -o") from None
-    return reporter.success({"outputs": report}, "\n".join(f"{r['name']}: {r['dtype']}{r['shape']} -> {r['file']}"
-                                                           for r in report))
+        raise TcError(f"cannot write {file}: {e}; pass another folder with -o") from None
+    return {"name": name, "dtype": dtype, "shape": list(value.shape), "file": str(file)}
 
 
 def _read_input(spec: str):

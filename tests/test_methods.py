@@ -181,6 +181,7 @@ def test_cli_exports_and_inspect_shows_the_methods(tmp_path):
     doc = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(doc["methods"]) == ["prefill", "decode"] and doc["methods"]["prefill"]["symbols"] == {"seq": [1, 16]}
+    assert doc["methods"]["prefill"]["kernels"] == doc["kernels"] and doc["methods"]["decode"]["kernels"]
     for name in ("prefill", "decode"):
         assert {"graph.txt", "ir.txt", "kernels.txt", "plan.txt"} <= {p.name for p in (tmp_path / "dump" / name).iterdir()}
     assert (tmp_path / "dump" / "model.cpp").is_file()
@@ -193,6 +194,78 @@ def test_cli_exports_and_inspect_shows_the_methods(tmp_path):
                         "--json", "--onnx"], capture_output=True, text=True)
     doc = json.loads(r.stdout)
     assert r.returncode == 18 and doc["error"]["type"] == "MethodError" and "--onnx" in doc["error"]["message"]
+    r = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(KV), "-o", str(tmp_path / "x.tcpkg"),
+                        "--json", "--dynamic", "generate:seq"], capture_output=True, text=True)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 18 and (err["method"], err["got"], err["expected"]) == ("generate", "generate",
+                                                                                   ["prefill", "decode"])
+
+
+def test_cli_verify_runs_the_methods_in_one_session_and_compares_the_state(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(KV), "-o", str(tmp_path / "kv.tcpkg"),
+                        "--json", "--verify"], capture_output=True, text=True,
+                       env=dict(os.environ, TCEXPORT_CACHE=str(WORK / "cache")))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    report = json.loads(r.stdout)["verify"]
+    labels = [c["case"] for c in report["cases"]]
+    assert labels[:2] == ["prefill:example", "decode:example"], labels  # prefill fills what decode reads
+    assert {x for x in labels if x.startswith("state:")} == {f"state:{s.name}" for s in
+                                                             open_archive(tmp_path / "kv.tcpkg").manifest.state}
+    assert report["ok"] and report["ran_on"] == "cpu" and report["torch_loaded_in_runner"] is False
+
+
+def test_verify_with_methods_finds_a_package_that_differs_from_the_model():
+    from tcexport.exporter.check.verify_methods import verify_methods
+    from tcexport.exporter.front.model_file import load_model_file
+
+    spec = load_model_file(str(KV))
+    with torch.no_grad():
+        next(spec.module.parameters()).add_(0.5)  # the model moved on after the package was built
+    report = verify_methods(spec, _package(), quiet=True)
+    assert not report["ok"]
+    assert {c["case"].split(":")[0] for c in report["cases"] if not c["ok"]} >= {"prefill", "decode"}
+
+
+def test_cli_report_names_the_method_an_op_blocks(tmp_path):
+    path = MODELS / "methods_blocked.py"
+    r = subprocess.run([sys.executable, "-m", "tcexport.exporter.cli", str(path), "--report", "--json"],
+                       capture_output=True, text=True)
+    body = json.loads(r.stdout)
+    assert r.returncode == 14, r.stderr[-2000:]
+    line = next(k for k, text in enumerate(path.read_text().splitlines(), 1) if "unsupported in rank" in text)
+    assert [(b["method"], b["op"], b["line"]) for b in body["blockers"]] == [("rank", "aten.sort.default", line)]
+
+
+def _tcpkg_run(*args):
+    return subprocess.run([sys.executable, "-m", "tcexport.loader.cli", "run", *map(str, args), "--json"],
+                          capture_output=True, text=True)
+
+
+def test_tcpkg_run_calls_a_method_and_writes_the_state_it_leaves(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    x, pos = _token(g, 0)
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "pos.npy", pos.numpy())
+    r = _tcpkg_run(_package(), "--method", "decode", "-i", f"x_one={tmp_path / 'x.npy'}",
+                   "-i", f"pos_one={tmp_path / 'pos.npy'}", "-o", tmp_path / "out")
+    assert r.returncode == 0, r.stdout + r.stderr
+    body = json.loads(r.stdout)
+    eager = _eager()
+    want = _run(eager, "step", x, pos)
+    assert body["method"] == "decode"
+    np.testing.assert_allclose(np.load(body["outputs"][0]["file"]), want, rtol=1e-4, atol=1e-5)
+    buffers = dict(eager.named_buffers())
+    assert {s["name"] for s in body["state"]} == {f"state.{n}" for n in buffers}
+    for s in body["state"]:
+        np.testing.assert_allclose(np.load(s["file"]), buffers[s["name"][len("state."):]].numpy(), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_tcpkg_run_an_unknown_method_is_a_usage_error_naming_it(tmp_path):
+    r = _tcpkg_run(_package(), "--method", "generate", "-o", tmp_path)
+    err = json.loads(r.stdout)["error"]
+    assert r.returncode == 2 and err["type"] == "UnknownMethodError"
+    assert err["method"] == "generate" and err["expected"] == ["prefill", "decode"] and err["input"] is None
 
 
 def test_cuda_cubins_build_for_every_method():

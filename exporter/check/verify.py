@@ -76,11 +76,20 @@ def _retag(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.view(numpy_dtype(dtype)) if dtype == "bfloat16" and a.dtype == np.uint16 else a
 
 
+def own_specs(manifest, which: str) -> list:
+    """The manifest's ``inputs`` or ``outputs`` that callers pass and get: a state's are the loader's to keep."""
+    state = {getattr(x, which[:-1]) for x in manifest.state}
+    return [s for k, s in enumerate(getattr(manifest, which)) if k not in state]
+
+
 def make_cases(spec: ModelSpec, manifest) -> list[tuple[str, list[np.ndarray]]]:
-    base = [to_numpy(t.detach().cpu(), s.name) for t, s in zip(spec.example_inputs, manifest.inputs)]
+    """(label, input arrays): the example, then each symbol at the ends of its range. The state's inputs are
+    the loader's to keep, not the caller's, so they are left out."""
+    inputs = own_specs(manifest, "inputs")
+    base = [to_numpy(t.detach().cpu(), s.name) for t, s in zip(spec.example_inputs, inputs)]
     cases = [("example", base)]
     env0 = {}
-    for s, inp in zip(manifest.inputs, base):
+    for s, inp in zip(inputs, base):
         for d, dim in enumerate(s.shape):
             if isinstance(dim, str):
                 env0.setdefault(dim, inp.shape[d])
@@ -89,7 +98,7 @@ def make_cases(spec: ModelSpec, manifest) -> list[tuple[str, list[np.ndarray]]]:
         for value in dict.fromkeys(ends):
             env = {**env0, sym.name: value}
             arrays = []
-            for s, inp in zip(manifest.inputs, base):
+            for s, inp in zip(inputs, base):
                 a = inp
                 for d, dim in enumerate(s.shape):
                     if not isinstance(dim, int):
@@ -148,7 +157,7 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
             for k, a in enumerate(arrays):
                 np.save(f"{tmp}/case{c}_in{k}.npy", _untag(a))
             expected.append(_eager(spec, arrays))
-        where = _where(manifest)
+        where = where_to_run(manifest)
         report["ran_on"] = where
         if where == "triton-interpreter":
             return _verify_interpreted(spec, manifest, package, cases, expected, report, quiet)
@@ -163,7 +172,7 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
         reference = _Reference(spec)
         for c, (label, arrays) in enumerate(cases):
             for k, want in enumerate(expected[c]):
-                got = _retag(np.load(f"{tmp}/case{c}_out{k}.npy"), manifest.outputs[k].dtype)
+                got = _retag(np.load(f"{tmp}/case{c}_out{k}.npy"), own_specs(manifest, "outputs")[k].dtype)
                 report["cases"].append(_compare(label, k, arrays, got, want, lambda: reference.outputs(label, arrays)))
     report["ok"] = all(c["ok"] for c in report["cases"])
     if not quiet:
@@ -171,7 +180,7 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
     return report
 
 
-def _where(manifest) -> str:
+def where_to_run(manifest) -> str:
     if any(k.target == "cpu" for k in manifest.kernels):
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "triton-interpreter"
@@ -191,7 +200,7 @@ def _verify_interpreted(spec: ModelSpec, manifest, package: Path, cases, expecte
     reference = _Reference(spec)
     for (label, arrays), got, want in zip(cases, outputs, expected):
         for k, (g, w) in enumerate(zip(got, want)):
-            g = _retag(g, manifest.outputs[k].dtype)
+            g = _retag(g, own_specs(manifest, "outputs")[k].dtype)
             report["cases"].append(_compare(label, k, arrays, g, w, lambda: reference.outputs(label, arrays)))
     report["ok"] = all(c["ok"] for c in report["cases"])
     if not quiet:

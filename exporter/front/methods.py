@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import types
 from dataclasses import dataclass
 
 import torch
@@ -107,11 +108,16 @@ def running(module: torch.nn.Module, function: str) -> torch.nn.Module:
     """What torch.export captures for method ``function`` of ``module``: the module itself for ``forward``, else a
     module whose forward calls ``module.<function>`` and which shares the module's parameters, buffers and
     submodules (the same dicts), so every name is the model's own (what lets the methods share weights and state
-    by name) and ``function`` may call ``self.forward`` (the model's). Nothing of ``module`` changes."""
+    by name) and ``function`` may call ``self.forward`` (the model's). Nothing of ``module`` changes.
+
+    torch.export keeps only frames named ``forward`` in a node's stack trace, which is where an error finds the
+    user's line; so the function runs as a copy of itself whose code is named ``forward`` (same file, same lines),
+    and an op it cannot lower is reported at its own line, not at the call below."""
     if function == "forward":
         return module
     bound = getattr(module, function)
     signature = inspect.signature(bound)
+    bound = _as_forward(bound)
 
     def forward(self, *args, **kwargs):
         return bound(*args, **kwargs)
@@ -122,6 +128,18 @@ def running(module: torch.nn.Module, function: str) -> torch.nn.Module:
     view = cls.__new__(cls)
     view.__dict__.update({k: v for k, v in module.__dict__.items() if k != "forward"})
     return view
+
+
+def _as_forward(bound):
+    """``bound`` (a method of the model) with its code renamed ``forward``; anything else as it is."""
+    fn = getattr(bound, "__func__", None)
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or code is None:
+        return bound
+    renamed = types.FunctionType(code.replace(co_name="forward"), fn.__globals__, fn.__name__, fn.__defaults__,
+                                 fn.__closure__)
+    renamed.__kwdefaults__ = fn.__kwdefaults__
+    return types.MethodType(renamed, bound.__self__)
 
 
 def split_dynamic(cli: list[str], names: tuple) -> dict[str, list[str]]:
