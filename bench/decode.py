@@ -104,6 +104,7 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
             backends["onnxruntime"] = onnx_backend(file, args)
         except Exception as e:  # noqa: BLE001
             notes.append(f"{kind}: onnxruntime failed: {type(e).__name__}: {str(e)[:300]}")
+    pkg_path = None
     try:
         t0 = time.perf_counter()
         pkg_path = export_package(file, kind, args, cache)
@@ -169,6 +170,61 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
                     notes.append(f"{kind}: {name} prefill {context} failed: {type(e).__name__}: {str(e)[:200]}")
                     rows.append(dict(model=kind, backend=name, phase="prefill", context=context, batch=b, ms=None,
                                      failed=type(e).__name__))
+
+
+    if args.profile and device == "cuda":
+        profile_decode(kind, backends, pkg_path, tok, max(args.contexts), notes)
+
+
+def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes: list) -> None:
+    """Where a decode step's time goes: each backend's kernels under torch.profiler (count, total, by kind, the
+    largest), beside its measured latency. tcpkg is loaded again without CUDA graphs so that each kernel shows
+    under its own name; the gap between the kernel total and the latency is launch and host time."""
+    from tcexport.loader import load
+
+    runs = dict(backends)
+    if pkg_path is not None:
+        direct = load(pkg_path, "cuda", graphs=False).new_session()
+        runs["tcpkg (kernels)"] = lambda ids, pos: direct(ids, pos)
+    ids, pos = tok(1), torch.tensor([context], device="cuda")
+    for name, fn in runs.items():
+        if name == "eager":
+            continue
+        try:
+            notes.append(f"{kind}: where the decode step at context {context} goes, {name}: "
+                         + kernel_profile(lambda: fn(ids, pos)))
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{kind}: profiling {name} failed: {type(e).__name__}: {str(e)[:200]}")
+
+
+def kernel_profile(fn, calls: int = 5) -> str:
+    """``fn``'s GPU kernels per call: how many, their total time, the time by kind and the five largest."""
+    import collections
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+    events = [e for e in p.key_averages() if "cuda" in str(getattr(e, "device_type", "")).lower()
+              and (getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0))]
+    us = {e.key: (getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)) / calls for e in events}
+    count = sum(e.count for e in events) / calls
+    kinds, per_kind = collections.defaultdict(float), collections.Counter()
+    for e in events:
+        words = re.findall(r"[A-Za-z0-9]+", re.sub(r"^k\d+_", "", e.key))  # ours: k12_gemm_epilogue
+        kind = "_".join(words[:2]) or e.key
+        kinds[kind] += us[e.key]
+        per_kind[kind] += e.count / calls
+    top = sorted(us.items(), key=lambda kv: -kv[1])[:5]
+    return (f"{count:.0f} kernels, {sum(us.values()):.0f} us; by kind "
+            + ", ".join(f"{k} {v:.0f} us ({per_kind[k]:.0f})" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            + "; largest " + ", ".join(f"{k[:48]} {v:.1f} us" for k, v in top))
 
 
 class OnnxDecoder:
@@ -319,6 +375,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--no-prefill", dest="prefill", action="store_false")
+    p.add_argument("--profile", action="store_true", help="GPU: each backend's kernels in a decode step at the "
+                   "largest context (torch.profiler), in the notes")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "tcexport-decode"))
     p.add_argument("--rebuild", action="store_true")
     p.add_argument("--out", default=None, help="results file stem (default: <machine>-<date>-decode)")

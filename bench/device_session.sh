@@ -13,6 +13,8 @@ mkdir -p "$ns/tcexport"
 for d in exporter packager loader formats serving; do ln -sfn "$PWD/$d" "$ns/tcexport/$d"; done
 export PYTHONPATH="$ns:$PWD:$PWD/tests" TCEXPORT_CACHE="${TCEXPORT_CACHE:-$PWD/.device-cache}"
 out=${OUT:-bench/results}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]*' | tr H h)
+gpu=${gpu:-gpu}  # h100 or h200: the results say which card measured them
 step=${1:?tests, decode B or zoo S}
 case "$step" in
   tests)
@@ -22,8 +24,8 @@ case "$step" in
     b=${2:-1}
     for m in ${3:-gpt2 llama}; do
       timeout "${4:-280}" python3 -m bench.decode --device cuda --models "$m" --contexts 128 1024 --batch "$b" \
-        --runs 50 --out "h200-decode-$m-b$b" 2>&1 | tail -30
-      cp bench/results/h200-decode-$m-b$b.* "$out/" 2>/dev/null
+        --runs 50 --profile --out "$gpu-decode-$m-b$b" 2>&1 | tail -30
+      cp bench/results/$gpu-decode-$m-b$b.* "$out/" 2>/dev/null
     done ;;
   zoo)
     python3 -m bench.zoo_table --device cuda --jobs 6 --timeout 240 --deadline "${2:-500}" 2>&1 | tail -70

@@ -1,13 +1,12 @@
 """`--verify` for a package with methods: its methods run torch-free in one session, compared with eager.
 
-A method's meaning depends on the state the others leave (prefill fills the cache decode reads), so the methods
-run as a user calls them: each at its example inputs, in the model file's order, one session on both sides, and
-the state both sides hold afterwards is compared too. A package without state has no order to keep, so each
-method is also tried at the ends of its symbols' ranges (verify.py's cases, per method). Eager runs on a copy of
-the model, so the model file's module keeps the state it had.
-
-Outputs are compared as verify.py compares them; a 16-bit float miss is judged against a float64 run of the same
-sequence, made only when one misses.
+A method's meaning depends on the state the others leave (prefill fills the cache decode reads), so the methods run
+as a user calls them: each at its example inputs, in the package's order (forward first, the others as declared),
+one session on both sides, and the state both sides hold afterwards is compared too. A package without state has no
+order to keep, so each method is also tried at the ends of its symbols' ranges (verify.py's cases, per method).
+Eager runs on a copy of the model, so the model file's module keeps the state it had. Outputs are compared as
+verify.py compares them; a 16-bit float miss is judged against a float64 run of the same sequence, made only when
+one misses.
 """
 
 from __future__ import annotations
