@@ -11,6 +11,7 @@ whose input is a convolution's only use never gets here: capture folds it into t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import sympy
@@ -42,8 +43,9 @@ def window_load(x: TensorRef, lead: list, positions: list, fill, dtype: str, las
     conds, idx = [], list(lead)
     for pos, size in zip(positions, sizes):
         pos = sympy.sympify(pos)
-        lo = pos.xreplace({s: 0 for s in pos.free_symbols if _is_var(s)})
-        hi = pos.xreplace({s: last.get(s, sympy.oo) for s in pos.free_symbols if _is_var(s)})
+        # (sympify: a bare variable replaced is the replacement itself, a Python int)
+        lo = sympy.sympify(pos.xreplace({s: 0 for s in pos.free_symbols if _is_var(s)}))
+        hi = sympy.sympify(pos.xreplace({s: last.get(s, sympy.oo) for s in pos.free_symbols if _is_var(s)}))
         clamped = pos
         if not lo.is_nonnegative:
             conds.append(ir.Op("bool", "ge", (index_value(pos), ir.Const("int64", 0))))
@@ -93,6 +95,8 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
     stride, padding, dilation = ints(stride, nsp), ints(padding, nsp), ints(dilation, nsp)
     if groups == 1 and ir.compute_dtype(out) in ("float32", "float64"):
         return _convolution_gemm(low, val, x, w, bias, (stride, padding, dilation), lead)
+    if groups > 1 and w.shape[1] == 1 and _static_taps(w.shape[2:]) <= DEPTHWISE_MAX_TAPS:
+        return _convolution_depthwise(low, val, x, w, bias, (stride, padding, dilation), lead, groups)
     co = ir.ivar(lead)
     cg = w.shape[1]
     ci = ir.rvar(0) if groups == 1 else FloorDiv(co, w.shape[0] // groups) * cg + ir.rvar(0)
@@ -107,6 +111,40 @@ def _convolution(low, node, val, x, w, bias, stride, padding, dilation, transpos
         return acc
     body = ir.Op(out, "add", (acc.load(ivars(len(shape))), cast(bias.load([co]), out)))
     return low.pointwise(shape, out, body)
+
+
+DEPTHWISE_MAX_TAPS = 64  # a 7x7 window (ConvNeXt) is 49
+
+
+def _static_taps(kernel) -> float:
+    """The number of taps of a window whose sizes are all known at export, else infinity."""
+    sizes = [sympy.sympify(k) for k in kernel]
+    return math.prod(int(k) for k in sizes) if all(k.is_Integer for k in sizes) else math.inf
+
+
+def _convolution_depthwise(low, val, x, w, bias, geo, lead: int, groups: int):
+    """A convolution in which each output channel reads one input channel (depthwise: MobileNet, EfficientNet,
+    ConvNeXt) as one pointwise node: the window's taps written out as a sum of products. As a reduction it
+    would reduce over a handful of taps per output, one output at a time (a 5x5 depthwise layer of
+    MobileNetV3 took 9.8 ms at batch 8 on 2 cores); pointwise, the backends vectorise across the output row
+    and every tap is a fixed offset."""
+    stride, padding, dilation = geo
+    shape, out = shape_of(low, val), torch_dtype_name(val.dtype)
+    nsp = len(w.shape) - 2
+    kernel = [int(sympy.sympify(k)) for k in w.shape[2:]]
+    co = ir.ivar(lead)
+    ci = FloorDiv(co, w.shape[0] // groups)  # w.shape[0] // groups outputs read each input channel
+    out_vars = [ir.ivar(lead + 1 + d) for d in range(nsp)]
+    last = window_last(out_vars, shape[lead + 1:], [], [])
+    total = None
+    for taps in itertools.product(*[range(k) for k in kernel]):
+        positions = window_positions(out_vars, taps, stride, padding, dilation)
+        xv = window_load(x, [ir.ivar(0)] * lead + [ci], positions, 0, out, last)
+        term = ir.Op(out, "mul", (xv, cast(w.load([co, 0, *taps]), out)))
+        total = term if total is None else ir.Op(out, "add", (total, term))
+    if bias is not None:
+        total = ir.Op(out, "add", (total, cast(bias.load([co]), out)))
+    return low.pointwise(shape, out, total)
 
 
 def _split(e, sizes: list) -> list:

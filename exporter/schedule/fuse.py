@@ -283,6 +283,20 @@ def _rereads_pay(body: ir.Value, readers: int) -> bool:
     return inputs <= 2 or readers * inputs <= inputs + 1 + readers
 
 
+RECOMPUTED_OPS = 16  # most operations a body may have and still be recomputed for a second use
+
+
+def _recomputes_work(p: ir.Node, readers: list) -> bool:
+    """Whether inlining ``p`` would compute its body several times per element it has: a reader that loads it at
+    more than two places (each tap of a depthwise convolution's window or a pooling's), or several readers of a body
+    of many operations (the taps' sum itself, read by a pooling and a product). _rereads_pay counts the buffers
+    reread, not the work redone."""
+    sites = sum(len({v.index for v in ir.walk(r.body) if isinstance(v, ir.Load) and v.buffer == p.out.name})
+                for r in readers)  # distinct elements: hardswish's two reads of x at one index are one
+    ops = sum(1 for v in ir.walk(p.body) if isinstance(v, ir.Op))
+    return sites > 2 * len(readers) or (len(readers) > 1 and ops > RECOMPUTED_OPS)
+
+
 def inline_pointwise(prog: ir.Program) -> None:
     for p in list(prog.nodes):
         if p.kind != "pointwise" or p.out.kind == "output":
@@ -299,6 +313,8 @@ def inline_pointwise(prog: ir.Program) -> None:
                 not all(ir.same_size(ir.product(p.ranges), _iterations(r)) for r in readers):
             continue
         if not recompute and not _rereads_pay(p.body, len(readers)):
+            continue
+        if not recompute and not _cheap(p.body) and _recomputes_work(p, readers):
             continue
         for r in readers:
             r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
