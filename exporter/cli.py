@@ -269,6 +269,7 @@ def _report(spec, args, reporter: Reporter) -> int:
     from tcexport.exporter import report
     from tcexport.exporter.pipeline import parse_targets
 
+    targets = parse_targets(args.target)
     options = dict(source_path=str(args.model_file), backward=args.backward,
                    grad_inputs=[n.strip() for g in args.grad_inputs for n in g.split(",") if n.strip()])
     if spec.methods:  # each method is captured on its own, so each is checked on its own
@@ -277,15 +278,16 @@ def _report(spec, args, reporter: Reporter) -> int:
         dynamic = split_dynamic(list(args.dynamic), tuple(m.name for m in spec.methods))
         blockers = [dataclasses.replace(b, method=m.name) for m in spec.methods
                     for b in report(running(spec.module, m.function), m.example_inputs, m.dynamic_shapes,
-                                    parse_targets(args.target), dynamic=dynamic[m.name], **options)]
+                                    targets, dynamic=dynamic[m.name], **options)]
     else:
-        blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, parse_targets(args.target),
-                          dynamic=args.dynamic, **options)
+        blockers = report(spec.module, spec.example_inputs, spec.dynamic_shapes, targets, dynamic=args.dynamic,
+                          **options)
     code = blockers[0].exit_code if blockers else 0
     if not reporter.as_json:
         for k, b in enumerate(blockers, 1):
             where = f"method {b.method}, " if b.method else ""
-            print(f"blocker {k}/{len(blockers)} ({where}{b.error}, exit {b.exit_code}): {b.message}\n", file=sys.stderr)
+            print(f"blocker {k}/{len(blockers)} ({where}{b.error}, exit {b.exit_code}): {b.message}\n",
+                  file=sys.stderr)
         print(f"{args.model_file}: {len(blockers) or 'nothing'} blocking the export", file=sys.stderr)
     return reporter.success({"report": True, "blockers": [b.to_json() for b in blockers]}, exit_code=code)
 

@@ -182,8 +182,8 @@ def cmd_run(args, reporter: Reporter) -> int:
     method = model.methods[name]  # UnknownMethodError (exit 2) names the methods there are
     try:
         result = method(**arrays)
-    except TcError as e:  # a guard or kernel error: say which method it was
-        if getattr(e, "method", None) is None:
+    except TcError as e:  # a guard or kernel error in the method asked for: say which it was
+        if args.method and getattr(e, "method", None) is None:
             e.method = name
         raise
     results = result if isinstance(result, tuple) else (result,)

@@ -170,9 +170,10 @@ def verify(spec: ModelSpec, package: Path, quiet: bool = False) -> dict:
             return report
         report["torch_loaded_in_runner"] = json.loads(proc.stdout.strip().splitlines()[-1])["torch_loaded"]
         reference = _Reference(spec)
+        outputs = own_specs(manifest, "outputs")
         for c, (label, arrays) in enumerate(cases):
             for k, want in enumerate(expected[c]):
-                got = _retag(np.load(f"{tmp}/case{c}_out{k}.npy"), own_specs(manifest, "outputs")[k].dtype)
+                got = _retag(np.load(f"{tmp}/case{c}_out{k}.npy"), outputs[k].dtype)
                 report["cases"].append(_compare(label, k, arrays, got, want, lambda: reference.outputs(label, arrays)))
     report["ok"] = all(c["ok"] for c in report["cases"])
     if not quiet:
@@ -198,9 +199,10 @@ def _verify_interpreted(spec: ModelSpec, manifest, package: Path, cases, expecte
             print(f"verify: the interpreted run failed: {report['error']}", file=sys.stderr)
         return report
     reference = _Reference(spec)
+    specs = own_specs(manifest, "outputs")
     for (label, arrays), got, want in zip(cases, outputs, expected):
         for k, (g, w) in enumerate(zip(got, want)):
-            g = _retag(g, own_specs(manifest, "outputs")[k].dtype)
+            g = _retag(g, specs[k].dtype)
             report["cases"].append(_compare(label, k, arrays, g, w, lambda: reference.outputs(label, arrays)))
     report["ok"] = all(c["ok"] for c in report["cases"])
     if not quiet:

@@ -24,7 +24,8 @@ import torch
 from tcexport.loader.archive import open_archive
 from tcexport.loader.arrays import to_numpy, to_torch
 
-from tcexport.exporter.check.verify import _compare, _double, _print, _retag, _untag, make_cases, own_specs, where_to_run
+from tcexport.exporter.check.verify import (_compare, _double, _print, _retag, _untag, make_cases, own_specs,
+                                            where_to_run)
 from tcexport.exporter.front.model_file import ModelSpec
 
 RUNNER = r"""
@@ -58,18 +59,15 @@ print(json.dumps({"state": list(state), "torch_loaded": "torch" in sys.modules a
 def method_cases(spec: ModelSpec, manifest) -> list[tuple[str, str, list[np.ndarray]]]:
     """(method, label, input arrays): every method at its example inputs in declared order, then, for a package
     without state, each method at its range ends."""
-    stateful = any(manifest.method(m.name).state for m in spec.methods)
-    cases = []
-    for m in spec.methods:
-        cases.append((m.name, "example", make_cases(spec.for_method(m), manifest.method(m.name))[0][1]))
-    if not stateful:
-        for m in spec.methods:
-            cases += [(m.name, label, arrays) for label, arrays in
-                      make_cases(spec.for_method(m), manifest.method(m.name))[1:]]
+    each = {m.name: make_cases(spec.for_method(m), manifest.method(m.name)) for m in spec.methods}
+    cases = [(name, "example", made[0][1]) for name, made in each.items()]
+    if not any(manifest.method(name).state for name in each):
+        cases += [(name, label, arrays) for name, made in each.items() for label, arrays in made[1:]]
     return cases
 
 
-def _run_eager(module: torch.nn.Module, spec: ModelSpec, cases, double: bool = False) -> list:
+def _run_eager(module: torch.nn.Module, spec: ModelSpec, cases,
+               double: bool = False) -> tuple[list, torch.nn.Module]:
     """Each case's outputs (loader arrays; float64 arrays where ``double``) from one copy of ``module``, in order;
     then the copy, whose buffers hold the state the sequence left."""
     functions = {m.name: m.function for m in spec.methods}
