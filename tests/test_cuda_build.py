@@ -114,6 +114,7 @@ INTERPRET_CASES = [
     ("block3d", MODELS / "block3d.py", [[(2, 3, 32)]]),
     ("attention", MODELS / "attention.py", [[(2, 5, 16)]]),
     ("two_inputs", MODELS / "two_inputs.py", [[(3, 16), (3, 16)]]),
+    ("position_index", MODELS / "position_index.py", [[(2, 16)]]),
 ]
 
 

@@ -117,6 +117,11 @@ def tconst(value, dtype: str) -> str:
     return str(v)
 
 
+def _literal(v: ir.Value) -> bool:
+    """Whether ``v`` renders as a Python literal (a constant, or an index value that is a fixed integer)."""
+    return isinstance(v, ir.Const) or isinstance(v, ir.IndexValue) and sympy.sympify(v.expr).is_Integer
+
+
 def _cast_python(value, dtype: str):
     if dtype == "bool":
         return bool(value)
@@ -205,7 +210,11 @@ class TritonEmitter:
         text = tmpl.format(a=args[0] if args else "", b=args[1] if len(args) > 1 else "",
                            c=args[2] if len(args) > 2 else "", T=TL_TYPE[compute_dtype(v.dtype)])
         natural = "bool" if v.op in COMPARE | LOGICAL else v.dtype
-        return text if natural == v.dtype else f"({text}).to({TL_TYPE[compute_dtype(v.dtype)]})"
+        if natural == v.dtype:
+            return text
+        if all(_literal(a) for a in v.args):  # Python's value (0 == 0 is a bool): no .to() on it
+            return f"tl.full([1], {text}, {TL_TYPE[compute_dtype(v.dtype)]})"
+        return f"({text}).to({TL_TYPE[compute_dtype(v.dtype)]})"
 
     def _branch(self, v: ir.Value, dtype: str, taken: str) -> str:
         """One side of a where(): its loads are masked by the lanes that take it, so an index that only the
