@@ -5,11 +5,13 @@ CPU interpreter and compared with eager."""
 from __future__ import annotations
 
 import functools
+import re
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import sympy
 import torch
 
 pytest.importorskip("triton")
@@ -106,6 +108,27 @@ def test_triton_source_and_launches_in_package():
     m = open_archive(path).manifest
     for launch in m.cuda.launches:
         assert f"def {launch.name}(" in src
+
+
+def test_a_load_under_a_block_mask_has_a_block_pointer():
+    """BLOOM's ALiBi slope, one per head, read in the epilogue of attention scores tiled per [batch, head]: every
+    program reads one element, and Triton before 3.7 refuses a scalar pointer under the tile's mask (BLOOM did
+    not build on the GPU machine's Triton 3.6). The tile's batch variables are scalars: the pointer is widened
+    to a block; a load indexed by the tile's rows or columns is a block already."""
+    from tcexport.exporter.cuda.exprs import TritonEmitter
+    from tcexport.exporter.cuda.gemm import batch_vars
+    from tcexport.exporter.cuda.scope import LaunchScope
+    from tcexport.exporter.ir import loops as ir
+
+    b, h, s = sympy.symbols("batch heads seq", integer=True, positive=True)
+    shape = (b, sympy.Integer(4), s, s)
+    bufs = {n: ir.Buffer(n, "float32", shp, "temp") for n, shp in (("slopes", (sympy.Integer(4),)), ("pos", (b, s)))}
+    prog = ir.Program(bufs, [], [], [], [])
+    em = TritonEmitter(LaunchScope(prog, 32, 1), {}, "", "smask", col=ir.ivar(3), scalars=batch_vars(shape))
+    slope = ir.Load("float32", "slopes", (sympy.Mod(ir.ivar(1), 4),))
+    em.tensor(ir.Op("float32", "mul", (slope, ir.Load("float32", "pos", (ir.ivar(0), ir.ivar(3))))))
+    loads = dict(re.findall(r"tl\.load\((slopes|pos) \+ (.*), mask=smask", "\n".join(em.lines)))
+    assert loads["slopes"].endswith("+ 0 * smask.to(tl.int32)") and "smask" not in loads["pos"], em.lines
 
 
 INTERPRET_CASES = [

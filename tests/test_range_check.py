@@ -92,3 +92,53 @@ def test_a_symbol_in_two_places_keeps_its_range():
         np.testing.assert_allclose(model(x), want, rtol=1e-4, atol=1e-5)
     with pytest.raises(E.SymbolConflictError):  # one symbol, one size: the loader still holds height == width
         model(np.zeros((1, 3, 64, 96), np.float32))
+
+
+class _RoundedHalf(nn.Module):
+    """Half the sequence, its length rounded down as torch 2.11's pooling meta did (``div_rtn``): a branch on
+    ``n % 2 != 0`` whose sides compute the same length. torch guards the branch taken at the example's size,
+    so every ResNet stem (a stride-2 max pool) exported with a dynamic image side failed on torch 2.11."""
+
+    def forward(self, x):
+        n = x.shape[1]
+        half, rest = n // 2, n % 2
+        if rest != 0 and bool(rest < 0):
+            half -= 1
+        return x[:, :half] * 2
+
+
+class _ParityBranch(nn.Module):
+    """A branch on the parity of the length whose sides differ: the guard matters."""
+
+    def forward(self, x):
+        return x * 2 if x.shape[1] % 2 == 0 else x + 1
+
+
+def test_a_guard_that_picks_between_equal_programs_is_dropped():
+    module = _RoundedHalf()
+    pkg = export(module, (torch.randn(2, 10),), {"x": {1: ("seq", 4, 64)}}, name="rounded",
+                 cache_dir=WORK / "cache")
+    path = WORK / "rounded.tcpkg"
+    pkg.save(path)
+    assert [(s.name, s.min, s.max) for s in pkg.manifest.symbols] == [("seq", 4, 64)]
+    assert any("same program" in n for n in pkg.warnings), pkg.warnings
+    model = L.load(path)
+    for n in (4, 9, 10, 63, 64):  # odd sizes: the side of the split the example did not take
+        x = np.random.default_rng(n).standard_normal((2, n), dtype=np.float32)
+        np.testing.assert_allclose(model(x), module(torch.from_numpy(x)).numpy())
+
+
+def test_a_guard_that_picks_between_different_programs_stays():
+    from tcexport.exporter.errors import CaptureError
+
+    module = _ParityBranch()
+    try:
+        pkg = export(module, (torch.randn(2, 10),), {"x": {1: ("seq", 4, 64)}}, name="parity",
+                     cache_dir=WORK / "cache")
+    except CaptureError as e:
+        assert "seq" in str(e)
+        return
+    path = WORK / "parity.tcpkg"
+    pkg.save(path)
+    with pytest.raises(E.GuardError):  # the package built for even lengths refuses odd ones
+        L.load(path)(np.zeros((2, 9), np.float32))

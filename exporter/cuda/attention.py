@@ -10,7 +10,8 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.cuda.exprs import HALF, TL_TYPE, TritonEmitter, stored, tindex
-from tcexport.exporter.cuda.gemm import dot_kind, epilogue, gemm_coords, matrix_coords, operand_ptr, rows_address
+from tcexport.exporter.cuda.gemm import (batch_vars, dot_kind, epilogue, gemm_coords, matrix_coords, operand_ptr,
+                                        rows_address)
 from tcexport.exporter.cuda.scope import LaunchScope
 from tcexport.exporter.cuda.tiles import AttentionConfig, Geometry, attention_config
 from tcexport.exporter.ir import loops as ir
@@ -115,7 +116,8 @@ def _scores(sc: LaunchScope, k: Kernel, product: str, ind: str, lines: list) -> 
     value, s_load = attention_scores(k)
     if value != s_load:
         lines += matrix_coords(k.stages[3].node.out.shape, "rm[:, None]", "rn[None, :]", ind)
-        em = TritonEmitter(sc, {}, ind, "smask", col=ir.ivar(len(k.stages[3].node.out.shape) - 1))
+        shape = k.stages[3].node.out.shape
+        em = TritonEmitter(sc, {}, ind, "smask", col=ir.ivar(len(shape) - 1), scalars=batch_vars(shape))
         em.memo[s_load] = s
         s = em.tensor(value)
         lines += em.lines

@@ -135,9 +135,11 @@ class TritonEmitter:
     What it learns about the launch (the buffers it reads, the addresses it forms, whether it range-checks an
     index) goes into the launch's scope (cuda/scope.py), never into the emitter's caller."""
 
-    def __init__(self, sc: LaunchScope, registers: dict, indent: str, mask: str, axis_masks=(), col=None):
+    def __init__(self, sc: LaunchScope, registers: dict, indent: str, mask: str, axis_masks=(), col=None,
+                 scalars=frozenset()):
         self.sc = sc
         self.col = col  # in a GEMM or attention tile: the index variable along its columns (its vector axis)
+        self.scalars = scalars  # index variables with one value per program (a tile's batch dims, from bid)
         self.registers = registers  # buffer -> variable holding its value at this position
         self.indent = indent
         self.mask = mask            # what loads are masked by: the block's mask, narrowed inside where()
@@ -177,8 +179,10 @@ class TritonEmitter:
         if not isinstance(flat, str) and self.col is not None:
             self.sc.addresses.append((flat, self.col))
         offset = flat if isinstance(flat, str) else tindex(flat)
-        if not isinstance(flat, str) and not sympy.sympify(flat).free_symbols:
-            offset += BLOCK_ZERO[self.block_mask]  # a fixed element (a 0-d tensor) read by a whole block
+        if not isinstance(flat, str) and sympy.sympify(flat).free_symbols <= self.scalars:
+            # a fixed element (a 0-d tensor, or one per batch of a tile) read by a whole block: a block pointer,
+            # since a scalar pointer under a block mask is an error in Triton before 3.7
+            offset += BLOCK_ZERO[self.block_mask]
         mask = self.mask
         if self.axis_masks and mask == self.block_mask and not isinstance(flat, str):
             used = sympy.sympify(flat).free_symbols & set().union(*(axis for axis, _ in self.axis_masks))

@@ -104,6 +104,11 @@ def axis_masks(node: ir.Node) -> list:
     return [({ir.ivar(last)}, "(rn[None, :] < N)"), ({ir.ivar(d) for d in range(last)}, "(rm[:, None] < M)")]
 
 
+def batch_vars(shape: tuple) -> frozenset:
+    """The index variables matrix_coords binds from ``bid``: one value per program, not a block."""
+    return frozenset(ir.ivar(d) for d in range(len(shape) - 2))
+
+
 def matrix_coords(shape: tuple, row: str, col: str, ind: str) -> list[str]:
     """i0, i1, ... of a [batch dims..., rows, cols] position: the batch dims from ``bid``."""
     r = len(shape)
@@ -115,7 +120,8 @@ def epilogue(sc: LaunchScope, node: ir.Node, acc: str, mask: str, ind: str, line
     if node.body is None:
         return acc
     here = ir.Load(node.gemm.acc_dtype, node.out.name, tuple(ir.ivar(d) for d in range(len(node.ranges))))
-    em = TritonEmitter(sc, {}, ind, mask, axis_masks, col=col_var(node))
+    em = TritonEmitter(sc, {}, ind, mask, axis_masks, col=col_var(node), scalars=batch_vars(node.ranges)
+                       if matrix_shaped(node) else frozenset())
     em.memo[here] = acc
     val = em.tensor(node.body)
     lines += em.lines

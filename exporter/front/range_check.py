@@ -65,6 +65,15 @@ def _grid(symbols, ranges):
     return [a.ravel() for a in np.meshgrid(*axes, indexing="ij")] if axes else []
 
 
+def _truth(expr, symbols, grid) -> np.ndarray | None:
+    """``expr`` at every grid point (a bool per point), or None when numpy cannot evaluate it."""
+    try:
+        fn = sympy.lambdify(symbols, expr, modules=[_FUNCTIONS, "numpy"])
+        return np.broadcast_to(np.asarray(fn(*grid), dtype=bool), grid[0].shape if grid else ())
+    except Exception:  # a function lambdify or numpy does not know: undecided
+        return None
+
+
 def _holds_everywhere(expr, ranges) -> bool | None:
     """True when ``expr`` holds at every point of its symbols' ranges, False when it fails at one, None when that
     cannot be decided here (an unbounded range, too many points, a function numpy does not have)."""
@@ -74,12 +83,8 @@ def _holds_everywhere(expr, ranges) -> bool | None:
     grid = _grid(symbols, ranges)
     if grid is None:
         return None
-    try:
-        fn = sympy.lambdify(symbols, expr, modules=[_FUNCTIONS, "numpy"])
-        value = np.asarray(fn(*grid))
-    except Exception:  # a function lambdify or numpy does not know: undecided, torch's fix is taken
-        return None
-    return bool(value.all())
+    value = _truth(expr, symbols, grid)
+    return None if value is None else bool(value.all())
 
 
 def same_sizes(ep, input_names, places, trusted) -> dict:
@@ -119,3 +124,90 @@ def failing_guard(ep, same: dict | None = None) -> str | None:
         if guard.free_symbols and not _holds_everywhere(guard, ranges):
             return str(guard)
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a guard that picks between two identical graphs: torch 2.11's pooling meta asks ``(size - 1) % 2 != 0`` in a
+# rounding helper whose two branches compute the same size, so the guard splits the range into halves that trace
+# to the same program. Export again at a size on the other side; when the graphs are equal and every size meets
+# one capture's guards or the other's, the program holds over the whole range and the split guards are dropped.
+
+
+def user_symbols(ep, input_names, places, trusted) -> dict:
+    """torch's symbol at every place of a trusted user symbol -> that user symbol (sympy, by the user's name)."""
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    out = {}
+    for input_name, node_name in zip(input_names, user):
+        shape = nodes[node_name].meta["val"].shape
+        for dim, text in places.get(input_name, {}).items():
+            if text in trusted and isinstance(shape[dim], torch.SymInt):
+                out[sympy.sympify(shape[dim].node.expr)] = sympy.Symbol(text, integer=True)
+    return out
+
+
+def guards_over(ep, names: dict) -> list | None:
+    """Every guard and runtime assert of ``ep`` over the user symbols ``names`` maps to, or None when one reads a
+    symbol outside them (a size the check cannot enumerate)."""
+    env = _shape_env(ep)
+    if env is None:
+        return []
+    asserts = (a.expr for group in getattr(env, "deferred_runtime_asserts", {}).values() for a in group)
+    out = []
+    for guard in itertools.chain((g.expr for g in env.guards), asserts):
+        if not guard.free_symbols:
+            continue
+        if not guard.free_symbols <= set(names):
+            return None
+        out.append(guard.xreplace(names))
+    return out
+
+
+def shape_env_of(ep):
+    return _shape_env(ep)
+
+
+def holds_on(expr, ranges: dict) -> bool:
+    """Whether ``expr`` over user symbols holds at every point of ``ranges`` (name -> (lo, hi))."""
+    return bool(_holds_everywhere(expr, {sympy.Symbol(n, integer=True): r for n, r in ranges.items()}))
+
+
+def _all_hold(guards, symbols, grid) -> np.ndarray | None:
+    ok = np.ones(grid[0].shape if grid else (), dtype=bool)
+    for g in guards:
+        value = _truth(g, symbols, grid)
+        if value is None:
+            return None
+        ok &= value
+    return ok
+
+
+def counterexample(guards: list, ranges: dict) -> dict | None:
+    """The first point of the user symbols' ``ranges`` (name -> (lo, hi)) where a guard fails: {name: size}."""
+    symbols = [sympy.Symbol(n, integer=True) for n in ranges]
+    grid = _grid(symbols, {s: ranges[s.name] for s in symbols})
+    ok = None if grid is None else _all_hold(guards, symbols, grid)
+    if ok is None or ok.all():
+        return None
+    at = int(np.argmin(ok))
+    return {s.name: int(axis[at]) for s, axis in zip(symbols, grid)}
+
+
+def covered(guards_a: list, guards_b: list, ranges: dict) -> bool:
+    """Whether every point of ``ranges`` meets all of ``guards_a`` or all of ``guards_b``."""
+    symbols = [sympy.Symbol(n, integer=True) for n in ranges]
+    grid = _grid(symbols, {s: ranges[s.name] for s in symbols})
+    if grid is None:
+        return False
+    a, b = _all_hold(guards_a, symbols, grid), _all_hold(guards_b, symbols, grid)
+    return a is not None and b is not None and bool((a | b).all())
+
+
+def resized(t: torch.Tensor, dims: dict) -> torch.Tensor:
+    """``t`` with each dim in ``dims`` (dim -> size) made that size by repeating its contents along it and cutting:
+    token ids stay ids of the vocabulary, a mask stays a mask."""
+    for d, size in dims.items():
+        reps = [1] * t.dim()
+        reps[d] = -(-size // t.shape[d])
+        t = t.repeat(*reps).narrow(d, 0, size)
+    return t.contiguous()

@@ -52,6 +52,7 @@ class Accepted:
     rewrites: dict = field(default_factory=dict)   # user symbol -> dynamic.Rewrite
     notes: list = field(default_factory=list)
     reasons: dict = field(default_factory=dict)    # user symbol -> torch's lines about it
+    dropped: set = field(default_factory=set)      # torch guards (text) shown not to change the program
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -316,17 +317,18 @@ def collect_guards(ep, rename, accepted: Accepted, model_file: str | None) -> li
     known = set(rename)
     if shape_env is not None:
         for g in shape_env.guards:
-            if _keep(g.expr, known, shape_env):
+            if _keep(g.expr, known, shape_env) and str(g.expr) not in accepted.dropped:
                 loc = g.sloc.maybe_user_loc or g.sloc.framework_loc
                 guards.append(Relation(subst(g.expr, rename), f"export guards {g.expr} (from {_loc_text(loc)})"))
         for asserts in shape_env.deferred_runtime_asserts.values():
             for ra in asserts:
-                if _keep(ra.expr, known, shape_env):
+                if _keep(ra.expr, known, shape_env) and str(ra.expr) not in accepted.dropped:
                     guards.append(Relation(subst(ra.expr, rename), f"runtime assert: {ra.msg}"))
     for n in ep.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._assert_scalar.default:
             cond = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
-            if isinstance(cond, torch.SymBool) and _keep(cond.node.expr, known, shape_env):
+            if isinstance(cond, torch.SymBool) and _keep(cond.node.expr, known, shape_env) and \
+                    str(cond.node.expr) not in accepted.dropped:
                 src = _source(n, model_file)
                 msg = str(n.args[1]) if len(n.args) > 1 else "runtime assert"
                 guards.append(Relation(subst(cond.node.expr, rename), msg + (f" (from {src})" if src else "")))
