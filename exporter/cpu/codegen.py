@@ -16,10 +16,11 @@ from torch.utils._sympy.functions import FloorDiv
 from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO, ISA_PLACEHOLDER
 
 from tcexport.exporter.cpu import attention
+from tcexport.exporter.cpu.interior import interior, invariant_parts
 from tcexport.exporter.cpu.values import (CTYPE, HALF_CONVERSIONS, STORAGE_CTYPE, CppEmitter, cconst, cindex,
                                           loaded, stored)
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Loop, flat_position
+from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Loop, flat_position, ovar
 from tcexport.exporter.schedule.memory import MemoryPlan
 
 GEMM_ROUTINES = {"float32": "f.sgemm", "float64": "f.dgemm"}
@@ -181,13 +182,17 @@ class CppKernelWriter:
         # the innermost loop of a pure pointwise kernel stays inside the body, where it vectorises
         collapse = depth if k.inner else max(depth - 1, 1)
 
-        def stages(indent: str) -> list[str]:
+        def stages(indent: str, bodies: dict | None = None, memo: dict | None = None) -> list[str]:
             lines, locals_ = [], {}
             for loop in k.loops():
-                lines += self._loop(k, loop, locals_, indent)
+                lines += self._loop(k, loop, locals_, indent, bodies, memo)
             return lines
 
         def body(indent: str) -> list[str]:
+            if collapse == depth - 1 and not k.inner:
+                split = self._split_innermost(k, depth - 1, stages, indent)
+                if split:
+                    return split
             return _nest(outer_vars[collapse:], k.outer[collapse:], indent, stages)
 
         if depth == 0:
@@ -245,7 +250,39 @@ class CppKernelWriter:
             lines.append("    tc_oob |= tc_oob_any.load();")
         return lines
 
-    def _loop(self, k: Kernel, loop: Loop, locals_: dict, indent: str) -> list[str]:
+    def _split_innermost(self, k: Kernel, d: int, stages, indent: str) -> list[str] | None:
+        """The innermost loop of a pointwise kernel as edge, interior, edge (cpu/interior.py), or None when its
+        bodies test no window edge over it. The edge iterations share one lambda with the whole body."""
+        if self.checked or any(s.level != "row" or (s.node.out.name not in k.local
+                                                    and ir.kept_elsewhere(s.node, self.prog.buffers))
+                               for s in k.stages):
+            return None
+        inside = interior([_store_body(k, s) for s in k.stages], ovar(d))
+        if inside is None:
+            return None
+        v, n, ind = f"o{d}", cindex(k.outer[d]), indent + "  "
+        hi = n if inside.hi is None else f"std::min<int64_t>({cindex(inside.hi)}, {n})"
+        # what does not change along the interior is computed before it: gcc keeps a load it cannot prove
+        # loop-invariant (a weight behind a lambda's captured pointer) in the loop and then leaves it scalar
+        before = CppEmitter(self.prog, {}, indent, self.names)
+        written = {s.node.out.name for s in k.stages}
+        for b in inside.bodies:
+            for x in invariant_parts(b, ovar(d), written):
+                before.emit(x)
+        return ([f"{indent}auto tc_edge = [&](int64_t {v}) {{"] + stages(ind) + [
+            f"{indent}}};",
+            f"{indent}const int64_t tc_in_lo = std::min<int64_t>(std::max<int64_t>({cindex(inside.lo)}, 0), {n});",
+            f"{indent}const int64_t tc_in_hi = std::max<int64_t>({hi}, tc_in_lo);",
+            f"{indent}for (int64_t {v} = 0; {v} < tc_in_lo; ++{v}) tc_edge({v});"] + before.lines + [
+            f"{indent}for (int64_t {v} = tc_in_lo; {v} < tc_in_hi; ++{v}) {{"]
+            + stages(ind, {id(s): b for s, b in zip(k.stages, inside.bodies)}, before.memo) + [
+            f"{indent}}}",
+            f"{indent}for (int64_t {v} = tc_in_hi; {v} < {n}; ++{v}) tc_edge({v});"])
+
+    def _loop(self, k: Kernel, loop: Loop, locals_: dict, indent: str, bodies: dict | None = None,
+              memo: dict | None = None) -> list[str]:
+        """``bodies``: a row stage's value in place of its own (the interior of a split loop); ``memo``: values
+        already computed before the loop (value -> C name)."""
         lines: list[str] = []
         if loop.level == "row":
             for s in loop.stages:
@@ -254,7 +291,8 @@ class CppKernelWriter:
                     lines += self._store_changed(s, kept, locals_, indent)
                     continue
                 em = CppEmitter(self.prog, locals_, indent, self.names)
-                val = em.emit(_store_body(k, s))
+                em.memo.update(memo or {})
+                val = em.emit(bodies[id(s)] if bodies else _store_body(k, s))
                 lines += em.lines
                 lines += self._store(k, s, val, locals_, indent)
             return lines

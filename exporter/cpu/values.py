@@ -132,6 +132,8 @@ class CppEmitter:
             args = [self.emit(a) for a in v.args]
             table = INT_OPS if v.dtype not in ir.FLOAT_DTYPES and v.dtype != "bool" else FLOAT_OPS
             tmpl = table.get(v.op) or OPS.get(v.op)
+            if v.op == "where" and _positive_zero(v.args[2]) and CTYPE[v.dtype] in ("float", "double"):
+                tmpl = "tc_keep({a}, {b})"
             if tmpl is None:
                 raise NotImplementedError(f"no C++ rendering for op {v.op!r}")
             t = CTYPE[v.dtype]
@@ -177,6 +179,10 @@ class CppEmitter:
 
 
 _TEMP = re.compile(r"t\d+")
+
+
+def _positive_zero(v: ir.Value) -> bool:
+    return isinstance(v, ir.Const) and v.value == 0 and math.copysign(1.0, float(v.value)) > 0
 
 
 def _as_int64(v: ir.Value) -> ir.Value:

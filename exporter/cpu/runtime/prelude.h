@@ -43,6 +43,14 @@ enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 template <typename T> TC_INLINE T tc_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> TC_INLINE T tc_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> TC_INLINE T tc_relu(T a) { return (a != a || a > T(0)) ? a : T(0); }
+// c ? x : +0 as a bit mask, for a window's padding: gcc sinks the load of a select on a loop-invariant condition
+// under that condition and then leaves the loop scalar (a masked load it cannot vectorise); the mask keeps it wide
+TC_INLINE float tc_keep(bool c, float x) {
+  uint32_t u; std::memcpy(&u, &x, 4); u &= 0u - static_cast<uint32_t>(c); std::memcpy(&x, &u, 4); return x;
+}
+TC_INLINE double tc_keep(bool c, double x) {
+  uint64_t u; std::memcpy(&u, &x, 8); u &= uint64_t(0) - static_cast<uint64_t>(c); std::memcpy(&x, &u, 8); return x;
+}
 template <typename T> TC_INLINE T tc_sign(T a) { return T((T(0) < a) - (a < T(0))); }
 TC_INLINE int64_t tc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
 TC_INLINE int64_t tc_pymod(int64_t a, int64_t b) { int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
