@@ -104,20 +104,27 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
             backends["onnxruntime"] = onnx_backend(file, args)
         except Exception as e:  # noqa: BLE001
             notes.append(f"{kind}: onnxruntime failed: {type(e).__name__}: {str(e)[:300]}")
-    pkg_path = None
-    try:
-        t0 = time.perf_counter()
-        pkg_path = export_package(file, kind, args, cache)
-        notes.append(f"{kind}: export {time.perf_counter() - t0:.0f} s -> {pkg_path.name}")
-        from tcexport.loader import load
+    pkg_path, sessions = None, {}
+    from tcexport.exporter.options import CudaOptions
 
-        lm = load(pkg_path, device=device, num_threads=args.threads) if device == "cpu" else load(pkg_path, device)
-        session = lm.new_session()
-        backends["tcpkg"] = lambda ids, pos: session(ids, pos) if device == "cuda" else \
-            torch.from_numpy(np.asarray(session(ids.numpy(), pos.numpy())))
-    except Exception as e:  # noqa: BLE001
-        notes.append(f"{kind}: tcpkg failed: {type(e).__name__}: {str(e)[:300]}")
-        traceback.print_exc()
+    variants = {"tcpkg": CudaOptions()}
+    if args.gemv and device == "cuda":  # the same package with decode-step GEMMs as GEMVs, side by side
+        variants["tcpkg(gemv)"] = CudaOptions(gemv=True)
+    for label, options in variants.items():
+        try:
+            t0 = time.perf_counter()
+            path = export_package(file, kind, args, cache, options)
+            pkg_path = pkg_path or path
+            notes.append(f"{kind}: export {time.perf_counter() - t0:.0f} s -> {path.name}")
+            from tcexport.loader import load
+
+            lm = load(path, device=device, num_threads=args.threads) if device == "cpu" else load(path, device)
+            session = sessions[label] = lm.new_session()
+            backends[label] = (lambda ids, pos, s=session: s(ids, pos)) if device == "cuda" else \
+                (lambda ids, pos, s=session: torch.from_numpy(np.asarray(s(ids.numpy(), pos.numpy()))))
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"{kind}: {label} failed: {type(e).__name__}: {str(e)[:300]}")
+            traceback.print_exc()
 
     # accuracy: one prompt then one decode step, each backend from an empty cache, against eager in float32
     with torch.no_grad():
@@ -129,8 +136,8 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
         scale = float(want.abs().max())
         for name, fn in backends.items():
             try:
-                if name == "tcpkg":
-                    session.reset_state()
+                if name in sessions:
+                    sessions[name].reset_state()
                 elif name == "onnxruntime":
                     fn.reset()
                 else:  # the cache back to its start (not every buffer: RoPE's inv_freq is one too)
@@ -300,17 +307,18 @@ def onnx_backend(file, args) -> OnnxDecoder:
     return OnnxDecoder(path, state, args.threads)
 
 
-def export_package(file, kind: str, args, cache: int) -> Path:
+def export_package(file, kind: str, args, cache: int, options=None) -> Path:
     from tcexport.exporter.pipeline import export
 
-    out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}.tcpkg"
+    tag = "-gemv" if options is not None and options.gemv else ""
+    out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}{tag}.tcpkg"
     if out.exists() and not args.rebuild:
         return out
     module = file.model("cpu", DTYPES[args.dtype]).eval()
     target = "cpu" if args.device == "cpu" else f"cuda:sm_{torch.cuda.get_device_capability()[0]}" \
         f"{torch.cuda.get_device_capability()[1]}"
     ids, pos = torch.randint(0, 100, (args.batch, 3)), torch.arange(3)
-    pkg = export(module, (ids, pos), file.dynamic_shapes, target, name=f"{kind}-decode")
+    pkg = export(module, (ids, pos), file.dynamic_shapes, target, name=f"{kind}-decode", cuda_options=options)
     out.parent.mkdir(parents=True, exist_ok=True)
     pkg.save(out)
     return out
@@ -320,7 +328,8 @@ def report(rows: list, notes: list, peaks: dict, args) -> str:
     lines = [f"# LLM decode and prefill with a static KV cache ({args.device}, {args.dtype}, batch {args.batch}, "
              f"size {args.size})", "",
              f"`python -m bench.decode --device {args.device} --models {' '.join(args.models)} --contexts "
-             f"{' '.join(map(str, args.contexts))} --batch {args.batch} --size {args.size} --dtype {args.dtype}`", "",
+             f"{' '.join(map(str, args.contexts))} --batch {args.batch} --size {args.size} --dtype {args.dtype}"
+             f"{' --gemv' if args.gemv else ''}`", "",
              f"Measured bandwidth {peaks['copy_bytes_per_s'] / 1e9:.0f} GB/s (a large copy, this run). Median of "
              f"{args.runs} calls after {args.warmup} warm-up calls. `vs compile`: tcpkg's latency over "
              "torch.compile's (lower is better).", ""]
@@ -379,6 +388,8 @@ def main(argv=None) -> int:
                    "largest context (torch.profiler), in the notes")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "tcexport-decode"))
     p.add_argument("--rebuild", action="store_true")
+    p.add_argument("--gemv", action="store_true", help="GPU: also the package built with CudaOptions(gemv=True), "
+                   "side by side")
     p.add_argument("--out", default=None, help="results file stem (default: <machine>-<date>-decode)")
     args = p.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "small")

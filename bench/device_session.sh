@@ -28,7 +28,7 @@ case "$step" in
     b=${2:-1}
     for m in ${3:-gpt2 llama}; do
       timeout "${4:-280}" python3 -m bench.decode --device cuda --models "$m" --contexts 128 1024 --batch "$b" \
-        --runs 50 --profile --out "$gpu-decode-$m-b$b" 2>&1 | tail -30
+        --runs 50 --profile --gemv --out "$gpu-decode-$m-b$b" 2>&1 | tail -30
       cp bench/results/$gpu-decode-$m-b$b.* "$out/" 2>/dev/null
     done ;;
   zoo)

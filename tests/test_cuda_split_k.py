@@ -4,6 +4,8 @@ build as sm_90 cubins, and Triton's interpreter matches eager on both sides of t
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ pytest.importorskip("triton")
 
 from tcexport.exporter.schedule.small_m import SMALL_M  # noqa: E402
 from tcexport.exporter.front.model_file import load_model_file  # noqa: E402
+from tcexport.exporter.options import CudaOptions  # noqa: E402
 from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.schedule.split_k import slices  # noqa: E402
 from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
@@ -77,3 +80,73 @@ def test_static_rows_drop_the_one_gemm(tmp_path):
     assert any(n.endswith("_slices") for n in names) and any(n.endswith("_sum") for n in names)
     assert not any(n.endswith("_gemm_epilogue") and f"{n}_slices" in names for n in names)
     assert all(ex.evaluate(g, {}) > 0 for l in m.cuda.launches for g in l.grid)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_few_rows_take_the_gemv_and_match_eager_in_the_interpreter(tmp_path, dtype):
+    """A decode step's rows (here 1 and 4, static) with CudaOptions(gemv=True): the GEMMs and split-K slices
+    multiply each weight tile by the rows in registers (tiles.GEMV_ROWS, no tl.dot and its 16-row padding); they
+    build for sm_90 and match eager."""
+    from tcexport.exporter.cuda.tiles import GEMV_ROWS
+    from tcexport.loader.dtypes import numpy_dtype
+
+    module = load_model_file(LONG_K).module.to(dtype)
+    g = torch.Generator().manual_seed(5)
+    bf16 = numpy_dtype("bfloat16")
+    for rows in (1, 4):
+        x = torch.randn(1, rows, 64, generator=g).to(dtype)
+        pkg = export(module, (x,), None, "cuda:sm_90", name="gemv", cache_dir=WORK / "cache-split-k",
+                     build_cubins=True, cuda_options=CudaOptions(gemv=True))
+        path = pkg.save(tmp_path / f"gemv-{rows}.tcpkg")
+        gemms = [l for l in open_archive(path).manifest.cuda.launches if "BM" in l.block]
+        assert gemms and all(l.block["BM"] <= GEMV_ROWS for l in gemms), [(l.name, l.block) for l in gemms]
+        arg = x.view(torch.int16).numpy().view(bf16) if dtype == torch.bfloat16 else x.numpy()
+        (got,), = run_interpreted(path, [[arg]])
+        got = torch.from_numpy(got.view(np.int16)).view(torch.bfloat16) if dtype == torch.bfloat16 else \
+            torch.from_numpy(got)
+        with torch.no_grad():
+            want = copy.deepcopy(module).double()(x.double())
+        tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol, msg=f"{rows} rows")
+
+
+def test_a_dynamic_row_count_runs_exactly_one_band_and_each_matches_eager(tmp_path):
+    """Rows as a dynamic dim (a decode step and a prefill through one graph): each GEMM and each split-K slice has
+    a variant per band of rows (a GEMV up to GEMV_ROWS, small tiles up to SMALL_M, large tiles above), exactly one
+    runs at every row count, and each matches eager in the interpreter."""
+    from tcexport.exporter.cuda.tiles import GEMV_ROWS
+
+    module = load_model_file(LONG_K).module
+    x = torch.randn(1, 6, 64, generator=torch.Generator().manual_seed(7))
+    pkg = export(module, (x,), {"x": {1: ("rows", 1, 300)}}, "cuda:sm_90", name="bands",
+                 cache_dir=WORK / "cache-split-k", build_cubins=False, cuda_options=CudaOptions(gemv=True))
+    path = pkg.save(tmp_path / "bands.tcpkg")
+    launches = open_archive(path).manifest.cuda.launches
+    gemms = [l for l in launches if "BM" in l.block]
+    families = {}
+    for l in gemms:
+        families.setdefault(l.name.split("_")[0], []).append(l)  # k1: its GEMM, its slices in two bands
+    assert any(l.name.endswith(f"_m{GEMV_ROWS}") for l in gemms)
+    for rows in range(1, 301):
+        for family, variants in families.items():
+            running = [l.name for l in variants if all(ex.evaluate(g, {"rows": rows}) > 0 for g in l.grid)]
+            assert len(running) == 1, (rows, family, running)
+            gemv = any(l.name == running[0] and l.block["BM"] <= GEMV_ROWS for l in variants)
+            assert gemv == (rows <= GEMV_ROWS), (rows, running)
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(1, r, 64, generator=g) for r in (1, 3, GEMV_ROWS + 1, 257)]
+    with torch.no_grad():
+        wants = [copy.deepcopy(module).double()(x.double()) for x in xs]
+    for x, (got,), want in zip(xs, run_interpreted(path, [[x.numpy()] for x in xs]), wants):
+        torch.testing.assert_close(torch.from_numpy(got).double(), want, rtol=1e-4, atol=1e-4,
+                                   msg=f"{x.shape[1]} rows")
+
+
+def test_without_the_option_a_few_rows_keep_tl_dot():
+    """CudaOptions.gemv is off by default (until a GPU measures it faster): no GEMM has fewer than 16 rows."""
+    module = load_model_file(LONG_K).module
+    x = torch.randn(1, 6, 64)
+    pkg = export(module, (x,), {"x": {1: ("rows", 1, 300)}}, "cuda:sm_90", name="no-gemv",
+                 cache_dir=WORK / "cache-split-k", build_cubins=False)
+    gemms = [l for l in pkg.manifest.cuda.launches if "BM" in l.block]
+    assert gemms and all(l.block["BM"] >= 16 for l in gemms), [(l.name, l.block) for l in gemms]

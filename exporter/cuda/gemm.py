@@ -20,7 +20,7 @@ from tcexport.exporter.cuda.exprs import HALF, TL_TYPE, TritonEmitter, decompose
 from tcexport.exporter.cuda.scope import LaunchScope
 from tcexport.exporter.cuda.tiles import GemmConfig, Geometry, gemm_config, gemm_variants
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.ir.bounds import INT32_LIMIT, symbol_bounds, upper_bound
+from tcexport.exporter.ir.bounds import INT32_LIMIT, lower_bound, symbol_bounds, upper_bound
 from tcexport.exporter.ir.kernels import Kernel
 from tcexport.exporter.schedule.small_m import SMALL_M
 
@@ -32,6 +32,7 @@ class GemmBody:
     persistent: bool
     even_k: bool
     even_n: bool
+    fma: bool = False
 
 
 def operand_ptr(sc: LaunchScope, op: ir.GemmOperand, bid: str, row: str, col: str, lines: list, ind: str) -> str:
@@ -263,25 +264,28 @@ def gemm_body_plan(k: Kernel, cfg: GemmConfig) -> GemmBody:
     mask that varies along an operand's contiguous dim stops its loads from vectorising: a dim the block
     divides needs none). Two configs with one plan render one body."""
     g = k.stages[0].node.gemm
-    return GemmBody(cfg.persistent, divides(cfg.bk, g.k), divides(cfg.bn, g.n))
+    return GemmBody(cfg.persistent, divides(cfg.bk, g.k), divides(cfg.bn, g.n), cfg.fma)
 
 
-def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool) -> list:
+def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool, gemv: bool = False) -> list:
     """[(suffix, 0/1 factor, config)] of a GEMM kernel (tiles.gemm_variants), its slices' and its large-row
-    remainder's as split-K left them; ``tma``: persistent TMA GEMMs are allowed (CudaOptions.tma)."""
+    remainder's as split-K left them; ``tma``: persistent TMA GEMMs are allowed (CudaOptions.tma); ``gemv``: a
+    decode step's few rows take a GEMV (CudaOptions.gemv)."""
     g = k.stages[0].node.gemm
     a_dtype = prog.buffers[g.a.buffer].dtype
     dtype = a_dtype if a_dtype == prog.buffers[g.b.buffer].dtype else g.acc_dtype
     bounds = symbol_bounds(prog)
     m_max, n_max, k_max = (upper_bound(e, bounds) for e in (g.m, g.n, g.k))
-    if k.small_m:  # split_k.py's slices: at most SMALL_M rows
+    m_min = lower_bound(g.m, prog)
+    if k.small_m:  # split_k.py's slices: at most SMALL_M rows, in bands (a GEMV for a decode step's few)
         m_max = SMALL_M if m_max is None else min(m_max, SMALL_M)
-        return [("", k.when if k.when is not None else sympy.Integer(1),
-                 gemm_config(dtype, m_max, n_max, k_max, small_m=True))]
+        when = k.when if k.when is not None else sympy.Integer(1)
+        return [(suffix, when * band, cfg) for suffix, band, cfg in
+                gemm_variants(dtype, g.m, m_max, n_max, k_max, m_min=m_min, gemv=gemv)]
     tma = tma and tma_views(prog, g) is not None
     if k.when is not None:  # the rows above SMALL_M only (split_k.py took the others)
         return [("", k.when, gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
-    return gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma)
+    return gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min, gemv=gemv)
 
 
 def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) -> list[str]:
@@ -312,6 +316,12 @@ def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) 
     lines += [
         f"{ind}    a = tl.load({a_ptrs}, mask={a_mask}, other=0.0){widen_a}",
         f"{ind}    b = tl.load({b_ptrs}" + (f", mask={b_mask}, other=0.0" if b_mask else "") + f"){widen_b}",
-        f"{ind}    acc = tl.dot(a, b, acc{precision})",
     ]
-    return lines
+    if not body.fma:
+        return lines + [f"{ind}    acc = tl.dot(a, b, acc{precision})"]
+    return lines + [  # one row: a column of A against the tile, 2-D; more: the [BM, BK, BN] product
+        f"{ind}    if BM == 1:",
+        f"{ind}        acc += tl.sum(tl.trans(a.to(tl.float32)) * b.to(tl.float32), 0, keep_dims=True)",
+        f"{ind}    else:",
+        f"{ind}        acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)",
+    ]

@@ -105,7 +105,8 @@ def _shapes(prog: ir.Program, k: Kernel, tuned: dict, options: CudaOptions) -> l
         return lambda name: tuned_config(name, kind, tuned[name], heuristic) if name in tuned else heuristic
 
     if k.kind == "gemm":
-        return [(suffix, config("gemm", cfg), when) for suffix, when, cfg in gemm_variants_of(prog, k, options.tma)]
+        return [(suffix, config("gemm", cfg), when)
+                for suffix, when, cfg in gemm_variants_of(prog, k, options.tma, options.gemv)]
     # other kernels that run for some shapes only (split_k.py) carry the factor here
     when = k.when if k.when is not None else sympy.Integer(1)
     if k.kind == "attention":

@@ -85,14 +85,26 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     persistent: bool = False  # one program per SM walking its tiles, TMA loads (gemm.persistent_head)
+    fma: bool = False  # a GEMV: products summed in registers, no tl.dot, so BM may be 1 (gemm.tile_head)
 
+
+GEMV_ROWS = 4
+"""At most this many rows (a decode step at batch 1 to 4), a GEMM is a GEMV: each weight tile is multiplied by the
+rows in registers (GemmConfig.fma), since tl.dot would pad the rows to 16 and the weight's bytes are the cost. The
+product of a [rows, BK] by a [BK, BN] tile is held whole in registers before its sum, so the tile shrinks as the
+rows grow (rows x BN x BK = 8192: 64 registers a thread at 4 warps); more rows take tl.dot. Only with
+CudaOptions.gemv: on the H200 a batch-1 decode step was slower with it (GPT-2 0.880 against 0.689 ms, Llama ~1B
+2.551 against 1.797 ms; bench/results/h200-decode-*-b1.md, `bench.decode --gemv`): tl.dot's 16-row tiles waste
+tensor-core work that a memory-bound step has to spare, while this form's register sum costs issue slots."""
+GEMV_PRODUCT = 8192
+GEMV_BK, GEMV_WARPS, GEMV_STAGES = 128, 4, 3
 
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (launches.unaligned)
 
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False,
-                tma: bool = False) -> GemmConfig:
+                tma: bool = False, gemv: bool = False) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
     to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
     a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
@@ -109,6 +121,8 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     with 4 stages, against 175 us one program per tile, and a call 785 against 827 us (python -m
     bench.probes.lm_head); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
     without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm)."""
+    if gemv and small_m and m_max is not None and m_max <= GEMV_ROWS and dtype in (*HALF, "float32"):
+        return gemv_config(m_max, n_max, k_max)
     if dtype in HALF:
         if n_max is not None and n_max <= 1024 and not small_m:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 5
@@ -127,29 +141,56 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
 
 
+def gemv_config(m_max: int, n_max: int | None, k_max: int | None) -> GemmConfig:
+    rows = next_pow2(min(m_max, GEMV_ROWS))
+    bn = max(16, GEMV_PRODUCT // (rows * GEMV_BK))
+    return fit_gemm(GemmConfig(rows, bn, GEMV_BK, 1, GEMV_WARPS, GEMV_STAGES, fma=True), rows, n_max, k_max)
+
+
 def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
     """``cfg`` with each tile side cut to what its dim needs (at least 16, tl.dot's minimum)."""
-    bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound)))
+    least = 1 if cfg.fma else 16
+    bm, bn, bk = (side if bound is None else min(side, max(least, next_pow2(bound)))
                   for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max)))
-    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent)
+    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent, cfg.fma)
 
 
 def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None,
-                  tma: bool = False) -> list:
-    """[(suffix, condition, config)]: one config, or, when M is symbolic and may exceed SMALL_M, a small-M
-    variant and a large one. The condition is an integer expression, 1 where its variant runs and 0 elsewhere
+                  tma: bool = False, m_min: int = 1, gemv: bool = False) -> list:
+    """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take: more
+    than SMALL_M (large tiles), up to SMALL_M (small tiles), up to GEMV_ROWS with ``gemv`` (CudaOptions.gemv: a
+    decode step through the same graph as a prefill). The condition is an integer expression, 1 where its variant runs and 0 elsewhere
     (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
     shape signature without any new manifest field."""
     m = sympy.sympify(m)
-    small = gemm_config(dtype, m_max, n_max, k_max, small_m=True)
-    if m.is_Integer or (m_max is not None and m_max <= SMALL_M):
-        return [("", sympy.Integer(1), small if (m_max or 0) <= SMALL_M else
-                 gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
-    large = gemm_config(dtype, m_max, n_max, k_max, tma=tma)
-    if small == large:
-        return [("", sympy.Integer(1), large)]
-    return [("", sympy.Min(1, sympy.Max(0, m - SMALL_M)), large),
-            (f"_m{SMALL_M}", sympy.Min(1, sympy.Max(0, SMALL_M + 1 - m)), small)]
+    if m.is_Integer:
+        return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, small_m=(m_max or 0) <= SMALL_M,
+                                                   tma=tma, gemv=gemv))]
+    bands = []  # (suffix, rows above, rows up to, config)
+    if m_max is None or m_max > SMALL_M:
+        bands.append(("", SMALL_M, None, gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
+    if m_min <= SMALL_M:
+        bands.append((f"_m{SMALL_M}", GEMV_ROWS if m_min <= GEMV_ROWS else 0, SMALL_M,
+                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, small_m=True, gemv=gemv)))
+    if gemv and m_min <= GEMV_ROWS and dtype in (*HALF, "float32"):
+        bands.append((f"_m{GEMV_ROWS}", 0, GEMV_ROWS, gemv_config(min(m_max or GEMV_ROWS, GEMV_ROWS), n_max, k_max)))
+    else:
+        bands[-1] = bands[-1][:1] + (0,) + bands[-1][2:]
+    merged = []  # a band whose config equals the one above it joins it
+    for suffix, lo, hi, cfg in bands:
+        if merged and merged[-1][3] == cfg:
+            merged[-1] = (merged[-1][0], lo, merged[-1][2], cfg)
+        else:
+            merged.append((suffix, lo, hi, cfg))
+    if len(merged) == 1:
+        return [("", sympy.Integer(1), merged[0][3])]
+    return [(suffix if i else "", _band(m, lo, hi), cfg) for i, (suffix, lo, hi, cfg) in enumerate(merged)]
+
+
+def _band(m, lo: int, hi: int | None):
+    """1 when lo < m <= hi, else 0 (m >= 1)."""
+    above = sympy.Integer(1) if lo == 0 else sympy.Min(1, sympy.Max(0, m - lo))
+    return above if hi is None else above * sympy.Min(1, sympy.Max(0, hi + 1 - m))
 
 
 @dataclass(frozen=True)
@@ -190,7 +231,7 @@ def tuned_config(name: str, kind: str, chosen: dict, heuristic):
     if kind == "attention" and (cfg.bd, cfg.bdv) != (heuristic.bd, heuristic.bdv):
         raise BuildError(f"tuning for kernel {name}: head blocks BD={cfg.bd}, BDV={cfg.bdv}, but this model's "
                          f"heads need {heuristic.bd}, {heuristic.bdv}; the tuning is from another model")
-    if min(cfg.bm, cfg.bn) < 16 or kind == "gemm" and cfg.bk < 16:
+    if min(cfg.bn, cfg.bm if not getattr(cfg, "fma", False) else 16) < 16 or kind == "gemm" and cfg.bk < 16:
         raise BuildError(f"tuning for kernel {name}: tiles {cfg} have a side below 16, which tl.dot cannot take")
     sides = [cfg.bm, cfg.bn, cfg.bk] if kind == "gemm" else [cfg.bm, cfg.bn]
     if any(s & (s - 1) for s in sides) or cfg.num_warps not in (1, 2, 4, 8, 16):

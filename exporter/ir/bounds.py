@@ -30,6 +30,16 @@ def upper_bound(e, bounds: dict) -> int | None:
         return None
 
 
+def lower_bound(e, prog: ir.Program) -> int:
+    """The smallest value of a size expression over the symbols' ranges (sizes are monotone in the symbols)."""
+    e = sympy.sympify(e)
+    mins = {sympy.Symbol(s.name, integer=True, positive=True): s.min for s in prog.symbols}
+    try:
+        return int(sympy.floor(e.xreplace({s: mins.get(s, 1) for s in e.free_symbols})))
+    except TypeError:
+        return 1
+
+
 def index_bits(prog: ir.Program, buffers=None) -> int:
     """32-bit index arithmetic when every buffer a kernel touches provably has fewer than 2**31 elements (over
     the symbols' ranges), else 64-bit. Decided per kernel: one huge buffer (GPT-2's logits at the largest
