@@ -5,12 +5,14 @@ feature encoder, once exported only for lengths that are multiples of 20."""
 from __future__ import annotations
 
 import numpy as np
+import sympy
 import pytest
 import torch
 from torch import nn
 
 import tcexport.loader as L
 from tcexport.exporter import export
+from tcexport.exporter.front import range_check
 from tcexport.formats import errors as E
 from packages import WORK
 
@@ -142,3 +144,19 @@ def test_a_guard_that_picks_between_different_programs_stays():
     pkg.save(path)
     with pytest.raises(E.GuardError):  # the package built for even lengths refuses odd ones
         L.load(path)(np.zeros((2, 9), np.float32))
+
+
+def test_a_range_split_three_ways_needs_three_captures_to_cover():
+    """Three ceil-mode pools in a row (SqueezeNet on torch 2.11) split a side by three parities: the first
+    capture's guards and one more leave sizes neither meets; the point returned is one of those, and the third
+    capture covers the rest."""
+    size = sympy.Symbol("size", integer=True)
+    f = lambda k: sympy.Eq(sympy.Mod(sympy.floor((size - 1) / 2 ** k), 2), 0)  # noqa: E731
+    ranges = {"size": (64, 128)}
+    even, odd = [f(0)], [sympy.Not(f(0))]
+    assert range_check.uncovered([even, odd], ranges) is None
+    a, b = [f(0), f(1)], [sympy.Not(f(0))]
+    point = range_check.uncovered([a, b], ranges)
+    assert point is not None and (point["size"] - 1) % 2 == 0 and ((point["size"] - 1) // 2) % 2 == 1
+    assert not range_check.covered(a, b, ranges)
+    assert range_check.uncovered([a, b, [f(0), sympy.Not(f(1))]], ranges) is None

@@ -178,6 +178,7 @@ def _no_state_under_autocast(ep, precision: str) -> None:
 
 
 MAX_FIX_ROUNDS = 4
+MAX_CAPTURES = 8  # _same_program_across: captures of one range split by guards that pick between equal programs
 
 
 def _export_accepting_fixes(spec: ModelSpec, symbols, places, accepted, decompose: bool = True,
@@ -237,7 +238,7 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
             return None
         accepted.dropped |= dropped
         accepted.notes.append(f"{', '.join(trusted)}: torch split the declared range by "
-                              f"{', '.join(sorted(dropped))}; a second capture across it gave the same program, "
+                              f"{', '.join(sorted(dropped))}; captures across it gave the same program, "
                               f"so the range stands and the package does not check them")
         return (_decomposed(ep) if decompose else ep), shapes
     accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "
@@ -246,31 +247,40 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
 
 
 def _same_program_across(spec: ModelSpec, ep, symbols, places, accepted, trusted) -> set | None:
-    """The guards of ``ep`` that fail somewhere in the declared ranges (torch's text), when exporting again at a
-    size where they fail gives the same graph and every size meets one capture's guards or the other's; else
-    None (range_check.py: a guard that only picks between identical programs, as torch 2.11's pooling asks
-    ``(size - 1) % 2 != 0``)."""
+    """The guards of ``ep`` that fail somewhere in the declared ranges (torch's text), when exporting again at
+    sizes where they fail (up to MAX_CAPTURES captures in all) gives the same graph each time and every size meets
+    one capture's guards; else None (range_check.py: a guard that only picks between identical programs, as
+    torch 2.11's pooling asks ``(size - 1) % 2 != 0``)."""
     names = range_check.user_symbols(ep, spec.input_names, places, trusted)
     guards = range_check.guards_over(ep, names)
     ranges = {n: (max(symbols[n].min, 0), symbols[n].max) for n in trusted}
-    point = None if guards is None else range_check.counterexample(guards, ranges)
-    if point is None:
+    if guards is None:
         return None
-    inputs = tuple(range_check.resized(t, {d: point[text] for d, text in places.get(name, {}).items()
-                                           if text in point}) if isinstance(t, torch.Tensor) else t
-                   for name, t in zip(spec.input_names, spec.example_inputs))
-    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, inputs, symbols, places, accepted.rewrites,
-                                             trusted=trusted)
-    try:
-        with torch.no_grad():
-            other = torch.export.export(spec.module, inputs, dynamic_shapes=shapes, strict=False)
-    except Exception:  # the other side does not capture: the guard matters
-        return None
-    other_guards = range_check.guards_over(other, range_check.user_symbols(other, spec.input_names, places,
-                                                                             trusted))
-    if other_guards is None or other.graph_module.code != ep.graph_module.code or \
-            not range_check.covered(guards, other_guards, ranges):
-        return None
+    seen = [guards]  # one capture per region; several ceil-mode pools (SqueezeNet: three) split it more than once
+    while True:
+        try:
+            point = range_check.uncovered(seen, ranges)
+        except ValueError:
+            return None
+        if point is None:
+            break
+        if len(seen) == MAX_CAPTURES:
+            return None
+        inputs = tuple(range_check.resized(t, {d: point[text] for d, text in places.get(name, {}).items()
+                                               if text in point}) if isinstance(t, torch.Tensor) else t
+                       for name, t in zip(spec.input_names, spec.example_inputs))
+        shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, inputs, symbols, places, accepted.rewrites,
+                                                 trusted=trusted)
+        try:
+            with torch.no_grad():
+                other = torch.export.export(spec.module, inputs, dynamic_shapes=shapes, strict=False)
+        except Exception:  # the other side does not capture: the guard matters
+            return None
+        other_guards = range_check.guards_over(other, range_check.user_symbols(other, spec.input_names, places,
+                                                                                 trusted))
+        if other_guards is None or other.graph_module.code != ep.graph_module.code:
+            return None
+        seen.append(other_guards)
     env = range_check.shape_env_of(ep)
     return {str(g.expr) for g in env.guards
             if g.expr.free_symbols and not range_check.holds_on(g.expr.xreplace(names), ranges)}

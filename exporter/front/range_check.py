@@ -193,14 +193,31 @@ def counterexample(guards: list, ranges: dict) -> dict | None:
     return {s.name: int(axis[at]) for s, axis in zip(symbols, grid)}
 
 
-def covered(guards_a: list, guards_b: list, ranges: dict) -> bool:
-    """Whether every point of ``ranges`` meets all of ``guards_a`` or all of ``guards_b``."""
+def uncovered(guard_sets: list, ranges: dict) -> dict | None:
+    """The first point of ``ranges`` where no set of ``guard_sets`` holds whole ({name: size}), or None when
+    every point meets one of them. Raises ValueError where the guards cannot be evaluated over the grid."""
     symbols = [sympy.Symbol(n, integer=True) for n in ranges]
     grid = _grid(symbols, {s: ranges[s.name] for s in symbols})
     if grid is None:
+        raise ValueError("no grid over these ranges")
+    met = None
+    for guards in guard_sets:
+        ok = _all_hold(guards, symbols, grid)
+        if ok is None:
+            raise ValueError(f"guards {guards} cannot be evaluated")
+        met = ok if met is None else met | ok
+    if met.all():
+        return None
+    at = int(np.argmin(met))
+    return {s.name: int(axis[at]) for s, axis in zip(symbols, grid)}
+
+
+def covered(guards_a: list, guards_b: list, ranges: dict) -> bool:
+    """Whether every point of ``ranges`` meets all of ``guards_a`` or all of ``guards_b``."""
+    try:
+        return uncovered([guards_a, guards_b], ranges) is None
+    except ValueError:
         return False
-    a, b = _all_hold(guards_a, symbols, grid), _all_hold(guards_b, symbols, grid)
-    return a is not None and b is not None and bool((a | b).all())
 
 
 def resized(t: torch.Tensor, dims: dict) -> torch.Tensor:
