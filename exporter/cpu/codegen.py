@@ -262,9 +262,10 @@ class CppKernelWriter:
             return None
         v, n, ind = f"o{d}", cindex(k.outer[d]), indent + "  "
         hi = n if inside.hi is None else f"std::min<int64_t>({cindex(inside.hi)}, {n})"
-        # what does not change along the interior is computed before it: gcc keeps a load it cannot prove
-        # loop-invariant (a weight behind a lambda's captured pointer) in the loop and then leaves it scalar
-        before = CppEmitter(self.prog, {}, indent, self.names)
+        # what does not change along the interior is computed before it (gcc keeps a load it cannot prove
+        # loop-invariant, a weight behind a lambda's captured pointer, in the loop and then leaves it scalar), and
+        # only when the interior runs, as the loop would have read it
+        before = CppEmitter(self.prog, {}, ind, self.names)
         written = {s.node.out.name for s in k.stages}
         for b in inside.bodies:
             for x in invariant_parts(b, ovar(d), written):
@@ -273,9 +274,11 @@ class CppKernelWriter:
             f"{indent}}};",
             f"{indent}const int64_t tc_in_lo = std::min<int64_t>(std::max<int64_t>({cindex(inside.lo)}, 0), {n});",
             f"{indent}const int64_t tc_in_hi = std::max<int64_t>({hi}, tc_in_lo);",
-            f"{indent}for (int64_t {v} = 0; {v} < tc_in_lo; ++{v}) tc_edge({v});"] + before.lines + [
-            f"{indent}for (int64_t {v} = tc_in_lo; {v} < tc_in_hi; ++{v}) {{"]
-            + stages(ind, {id(s): b for s, b in zip(k.stages, inside.bodies)}, before.memo) + [
+            f"{indent}for (int64_t {v} = 0; {v} < tc_in_lo; ++{v}) tc_edge({v});",
+            f"{indent}if (tc_in_lo < tc_in_hi) {{"] + before.lines + [
+            f"{ind}for (int64_t {v} = tc_in_lo; {v} < tc_in_hi; ++{v}) {{"]
+            + stages(ind + "  ", {id(s): b for s, b in zip(k.stages, inside.bodies)}, before.memo) + [
+            f"{ind}}}",
             f"{indent}}}",
             f"{indent}for (int64_t {v} = tc_in_hi; {v} < {n}; ++{v}) tc_edge({v});"])
 

@@ -233,12 +233,13 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
         return None
     failing = range_check.failing_guard(ep, range_check.same_sizes(ep, spec.input_names, places, trusted))
     if failing is not None:
-        dropped = _same_program_across(spec, ep, symbols, places, accepted, trusted)
-        if dropped is None:
+        found = _same_program_across(spec, ep, symbols, places, accepted, trusted)
+        if found is None:
             return None
+        dropped, shown = found
         accepted.dropped |= dropped
         accepted.notes.append(f"{', '.join(trusted)}: torch split the declared range by "
-                              f"{', '.join(sorted(dropped))}; captures across it gave the same program, "
+                              f"{', '.join(sorted(shown))}; captures across it gave the same program, "
                               f"so the range stands and the package does not check them")
         return (_decomposed(ep) if decompose else ep), shapes
     accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "
@@ -246,11 +247,11 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
     return (_decomposed(ep) if decompose else ep), shapes
 
 
-def _same_program_across(spec: ModelSpec, ep, symbols, places, accepted, trusted) -> set | None:
-    """The guards of ``ep`` that fail somewhere in the declared ranges (torch's text), when exporting again at
-    sizes where they fail (up to MAX_CAPTURES captures in all) gives the same graph each time and every size meets
-    one capture's guards; else None (range_check.py: a guard that only picks between identical programs, as
-    torch 2.11's pooling asks ``(size - 1) % 2 != 0``)."""
+def _same_program_across(spec: ModelSpec, ep, symbols, places, accepted, trusted) -> tuple[set, set] | None:
+    """The guards of ``ep`` that fail somewhere in the declared ranges, in torch's text and over the user's
+    symbols (for the note), when exporting again at sizes where they fail (up to MAX_CAPTURES captures in all)
+    gives the same graph each time and every size meets one capture's guards; else None (range_check.py: a guard
+    that only picks between identical programs, as torch 2.11's pooling asks ``(size - 1) % 2 != 0``)."""
     names = range_check.user_symbols(ep, spec.input_names, places, trusted)
     guards = range_check.guards_over(ep, names)
     ranges = {n: (max(symbols[n].min, 0), symbols[n].max) for n in trusted}
@@ -282,8 +283,9 @@ def _same_program_across(spec: ModelSpec, ep, symbols, places, accepted, trusted
             return None
         seen.append(other_guards)
     env = range_check.shape_env_of(ep)
-    return {str(g.expr) for g in env.guards
-            if g.expr.free_symbols and not range_check.holds_on(g.expr.xreplace(names), ranges)}
+    split = [g.expr for g in env.guards
+             if g.expr.free_symbols and not range_check.holds_on(g.expr.xreplace(names), ranges)]
+    return {str(e) for e in split}, {str(e.xreplace(names)) for e in split}
 
 
 def _exporter(draft: bool):
