@@ -2,7 +2,7 @@
 
 A convolution's or pooling's window read near an edge is ``where(pos >= 0 && pos < size, x[max(pos, 0)], 0)``
 (lower/conv.py window_load). The clamp in the index and the select make every element a scalar load: a 3x3
-depthwise layer of MobileNetV3 (88 channels, 28x28, batch 8) took 3.0 ms on 2 cores, 0.87 ms split as below.
+depthwise layer of MobileNetV3 (88 channels, 28x28, batch 8) took 3.0 ms on 2 cores, 0.46 ms split as below.
 Inside the loop's interior every such test is true, so there the body is the plain ``x[pos]``, an affine index
 that the compiler vectorises. The loop is split in three: the edge iterations before and after keep the full
 body, the interior gets the simplified one. The interior is computed per call of the loop (its ends may use the

@@ -159,23 +159,23 @@ def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: in
                   tma: bool = False, m_min: int = 1, gemv: bool = False) -> list:
     """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take: more
     than SMALL_M (large tiles), up to SMALL_M (small tiles), up to GEMV_ROWS with ``gemv`` (CudaOptions.gemv: a
-    decode step through the same graph as a prefill). The condition is an integer expression, 1 where its variant runs and 0 elsewhere
-    (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
+    decode step through the same graph as a prefill). The condition is an integer expression, 1 where its variant
+    runs and 0 elsewhere (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
     shape signature without any new manifest field."""
     m = sympy.sympify(m)
     if m.is_Integer:
         return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, small_m=(m_max or 0) <= SMALL_M,
                                                    tma=tma, gemv=gemv))]
-    bands = []  # (suffix, rows above, rows up to, config)
+    with_gemv = gemv and m_min <= GEMV_ROWS and dtype in (*HALF, "float32")
+    bands = []  # (suffix, rows above, rows up to, config); the lowest band starts at 0
     if m_max is None or m_max > SMALL_M:
-        bands.append(("", SMALL_M, None, gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
+        bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None,
+                      gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
     if m_min <= SMALL_M:
-        bands.append((f"_m{SMALL_M}", GEMV_ROWS if m_min <= GEMV_ROWS else 0, SMALL_M,
+        bands.append((f"_m{SMALL_M}", GEMV_ROWS if with_gemv else 0, SMALL_M,
                       gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, small_m=True, gemv=gemv)))
-    if gemv and m_min <= GEMV_ROWS and dtype in (*HALF, "float32"):
+    if with_gemv:
         bands.append((f"_m{GEMV_ROWS}", 0, GEMV_ROWS, gemv_config(min(m_max or GEMV_ROWS, GEMV_ROWS), n_max, k_max)))
-    else:
-        bands[-1] = bands[-1][:1] + (0,) + bands[-1][2:]
     merged = []  # a band whose config equals the one above it joins it
     for suffix, lo, hi, cfg in bands:
         if merged and merged[-1][3] == cfg:
@@ -231,7 +231,8 @@ def tuned_config(name: str, kind: str, chosen: dict, heuristic):
     if kind == "attention" and (cfg.bd, cfg.bdv) != (heuristic.bd, heuristic.bdv):
         raise BuildError(f"tuning for kernel {name}: head blocks BD={cfg.bd}, BDV={cfg.bdv}, but this model's "
                          f"heads need {heuristic.bd}, {heuristic.bdv}; the tuning is from another model")
-    if min(cfg.bn, cfg.bm if not getattr(cfg, "fma", False) else 16) < 16 or kind == "gemm" and cfg.bk < 16:
+    least_m = 1 if getattr(cfg, "fma", False) else 16  # a GEMV's rows never reach tl.dot
+    if cfg.bm < least_m or cfg.bn < 16 or kind == "gemm" and cfg.bk < 16:
         raise BuildError(f"tuning for kernel {name}: tiles {cfg} have a side below 16, which tl.dot cannot take")
     sides = [cfg.bm, cfg.bn, cfg.bk] if kind == "gemm" else [cfg.bm, cfg.bn]
     if any(s & (s - 1) for s in sides) or cfg.num_warps not in (1, 2, 4, 8, 16):

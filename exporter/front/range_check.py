@@ -182,17 +182,6 @@ def _all_hold(guards, symbols, grid) -> np.ndarray | None:
     return ok
 
 
-def counterexample(guards: list, ranges: dict) -> dict | None:
-    """The first point of the user symbols' ``ranges`` (name -> (lo, hi)) where a guard fails: {name: size}."""
-    symbols = [sympy.Symbol(n, integer=True) for n in ranges]
-    grid = _grid(symbols, {s: ranges[s.name] for s in symbols})
-    ok = None if grid is None else _all_hold(guards, symbols, grid)
-    if ok is None or ok.all():
-        return None
-    at = int(np.argmin(ok))
-    return {s.name: int(axis[at]) for s, axis in zip(symbols, grid)}
-
-
 def uncovered(guard_sets: list, ranges: dict) -> dict | None:
     """The first point of ``ranges`` where no set of ``guard_sets`` holds whole ({name: size}), or None when
     every point meets one of them. Raises ValueError where the guards cannot be evaluated over the grid."""
@@ -210,14 +199,6 @@ def uncovered(guard_sets: list, ranges: dict) -> dict | None:
         return None
     at = int(np.argmin(met))
     return {s.name: int(axis[at]) for s, axis in zip(symbols, grid)}
-
-
-def covered(guards_a: list, guards_b: list, ranges: dict) -> bool:
-    """Whether every point of ``ranges`` meets all of ``guards_a`` or all of ``guards_b``."""
-    try:
-        return uncovered([guards_a, guards_b], ranges) is None
-    except ValueError:
-        return False
 
 
 def resized(t: torch.Tensor, dims: dict) -> torch.Tensor:
