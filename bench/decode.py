@@ -105,11 +105,7 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
         except Exception as e:  # noqa: BLE001
             notes.append(f"{kind}: onnxruntime failed: {type(e).__name__}: {str(e)[:300]}")
     pkg_path, sessions = None, {}
-    from tcexport.exporter.options import CudaOptions
-
-    variants = {"tcpkg": CudaOptions()}
-    if args.gemv and device == "cuda":  # the same package with decode-step GEMMs as GEMVs, side by side
-        variants["tcpkg(gemv)"] = CudaOptions(gemv=True)
+    variants = {"tcpkg": None}  # label: CudaOptions (None: the defaults), a package each, side by side
     for label, options in variants.items():
         try:
             t0 = time.perf_counter()
@@ -310,8 +306,7 @@ def onnx_backend(file, args) -> OnnxDecoder:
 def export_package(file, kind: str, args, cache: int, options=None) -> Path:
     from tcexport.exporter.pipeline import export
 
-    tag = "-gemv" if options is not None and options.gemv else ""
-    out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}{tag}.tcpkg"
+    out = Path(args.work) / f"{kind}-{args.size}-{args.dtype}-c{cache}-b{args.batch}-{args.device}.tcpkg"
     if out.exists() and not args.rebuild:
         return out
     module = file.model("cpu", DTYPES[args.dtype]).eval()
@@ -328,8 +323,7 @@ def report(rows: list, notes: list, peaks: dict, args) -> str:
     lines = [f"# LLM decode and prefill with a static KV cache ({args.device}, {args.dtype}, batch {args.batch}, "
              f"size {args.size})", "",
              f"`python -m bench.decode --device {args.device} --models {' '.join(args.models)} --contexts "
-             f"{' '.join(map(str, args.contexts))} --batch {args.batch} --size {args.size} --dtype {args.dtype}"
-             f"{' --gemv' if args.gemv else ''}`", "",
+             f"{' '.join(map(str, args.contexts))} --batch {args.batch} --size {args.size} --dtype {args.dtype}`", "",
              f"Measured bandwidth {peaks['copy_bytes_per_s'] / 1e9:.0f} GB/s (a large copy, this run). Median of "
              f"{args.runs} calls after {args.warmup} warm-up calls. `vs compile`: tcpkg's latency over "
              "torch.compile's (lower is better).", ""]
@@ -388,8 +382,6 @@ def main(argv=None) -> int:
                    "largest context (torch.profiler), in the notes")
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "tcexport-decode"))
     p.add_argument("--rebuild", action="store_true")
-    p.add_argument("--gemv", action="store_true", help="GPU: also the package built with CudaOptions(gemv=True), "
-                   "side by side")
     p.add_argument("--out", default=None, help="results file stem (default: <machine>-<date>-decode)")
     args = p.parse_args(argv)
     args.size = args.size or ("full" if args.device == "cuda" else "small")

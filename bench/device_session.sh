@@ -5,6 +5,7 @@
 #   bench/device_session.sh tests        the GPU tests of state, methods and the CUDA loader
 #   bench/device_session.sh decode B [M] bench/decode.py at batch B for model M (default: gpt2, then llama, each in
 #                                        its own process, so that a cut-off second keeps the first's results)
+#   bench/device_session.sh probe NAME [ARGS]  python -m bench.probes.NAME ARGS (a probe that imports the exporter)
 #   bench/device_session.sh zoo S [MODELS]  the GPU zoo table, under a deadline of S seconds (MODELS: those only,
 #                                        merged into the newest *zoo-cuda.json)
 set -u
@@ -19,7 +20,7 @@ export PYTHONPATH="$ns:$PWD:$PWD/tests" TCEXPORT_CACHE="${TCEXPORT_CACHE:-$PWD/.
 out=${OUT:-bench/results}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]*' | tr H h)
 gpu=${gpu:-gpu}  # h100 or h200: the results say which card measured them
-step=${1:?tests, decode B or zoo S}
+step=${1:?tests, decode B, probe NAME or zoo S}
 case "$step" in
   tests)
     timeout "${2:-450}" python3 -m pytest -q -p no:cacheprovider tests/test_state_gpu.py tests/test_methods.py \
@@ -28,9 +29,12 @@ case "$step" in
     b=${2:-1}
     for m in ${3:-gpt2 llama}; do
       timeout "${4:-280}" python3 -m bench.decode --device cuda --models "$m" --contexts 128 1024 --batch "$b" \
-        --runs 50 --profile --gemv --out "$gpu-decode-$m-b$b" 2>&1 | tail -30
+        --runs 50 --profile --out "$gpu-decode-$m-b$b" 2>&1 | tail -30
       cp bench/results/$gpu-decode-$m-b$b.* "$out/" 2>/dev/null
     done ;;
+  probe)
+    shift; name=${1:?probe NAME}; shift
+    python3 -m "bench.probes.$name" "$@" 2>&1 ;;
   zoo)
     # zoo S MODELS: only those (comma-separated), merged into the newest GPU table here
     prev=$(ls -t bench/results/*zoo-cuda.json 2>/dev/null | head -1)

@@ -20,9 +20,6 @@ class CudaOptions:
     tma: bool = True                             # persistent GEMMs reading through TMA descriptors where eligible
     dependent_trigger: str = "after_last_store"  # where a kernel lets the next one launch (programmatic dependent
                                                  # launch): after its last store, at its top, or never
-    gemv: bool = False                           # GEMMs of at most tiles.GEMV_ROWS rows (a decode step) as a GEMV
-                                                 # without tl.dot; off until a GPU measures it faster (bench.decode
-                                                 # --gemv runs both side by side)
 
     def __post_init__(self):
         if self.dependent_trigger not in DEPENDENT_TRIGGERS:

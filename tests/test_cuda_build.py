@@ -61,7 +61,9 @@ def test_cubins_for_each_arch_with_cpu_alongside():
         assert [c.kernel for c in m.cubins(bundle.isa)] == names
         for c in m.cubins(bundle.isa):
             assert cubin_arch(archive.read(c.file)) == arch, c.file
-            assert c.num_warps >= 1 and c.function == c.kernel
+            # a band's copy of a GEMM (split_k.py) names the def of the launch whose body it shares
+            assert c.num_warps >= 1 and (c.function == c.kernel or c.kernel.startswith(c.function)), c.kernel
+            assert c.function in names
             # griddepcontrol is sm_90+ PTX: only there may a kernel start while the previous one finishes
             assert c.dependent == (arch >= 90), (c.kernel, arch)
     for launch in m.cuda.launches:
@@ -106,8 +108,9 @@ def test_triton_source_and_launches_in_package():
     with zipfile.ZipFile(path) as z:
         src = z.read("src/cuda/model_triton.py").decode()
     m = open_archive(path).manifest
-    for launch in m.cuda.launches:
-        assert f"def {launch.name}(" in src
+    for launch in m.cuda.launches:   # a def, or an alias line naming the def of the same body (other tiles)
+        assert f"def {launch.name}(" in src or re.search(rf"^{launch.name} = \w+  # the same kernel", src, re.M)
+    assert any(f"{launch.name} = " in src for launch in m.cuda.launches)   # the few-rows band's tiles (BM 16)
 
 
 def test_a_load_under_a_block_mask_has_a_block_pointer():

@@ -41,6 +41,8 @@ def test_the_gpu_schedule_is_a_stage_before_codegen(tmp_path):
 def test_dependent_trigger_places_the_launch_of_the_next_kernel(trigger, top, end):
     st = _state(EXAMPLES / "mlp.py", dependent_trigger=trigger)
     for launch in st.cuda.module.launches:
+        if launch.alias_of:  # a variant launched through another launch's def (checked there)
+            continue
         lines = launch.source.splitlines()
         head = lines[lines.index(next(line for line in lines if line.startswith("def "))) + 1:][:3]
         assert head[:2] == ["    if DEPENDENT:", "        gdc_wait()"]

@@ -22,7 +22,6 @@ from tcexport.exporter.cuda.tiles import GemmConfig, Geometry, gemm_config, gemm
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.bounds import INT32_LIMIT, lower_bound, symbol_bounds, upper_bound
 from tcexport.exporter.ir.kernels import Kernel
-from tcexport.exporter.schedule.small_m import SMALL_M
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,6 @@ class GemmBody:
     persistent: bool
     even_k: bool
     even_n: bool
-    fma: bool = False
 
 
 def operand_ptr(sc: LaunchScope, op: ir.GemmOperand, bid: str, row: str, col: str, lines: list, ind: str) -> str:
@@ -264,28 +262,27 @@ def gemm_body_plan(k: Kernel, cfg: GemmConfig) -> GemmBody:
     mask that varies along an operand's contiguous dim stops its loads from vectorising: a dim the block
     divides needs none). Two configs with one plan render one body."""
     g = k.stages[0].node.gemm
-    return GemmBody(cfg.persistent, divides(cfg.bk, g.k), divides(cfg.bn, g.n), cfg.fma)
+    return GemmBody(cfg.persistent, divides(cfg.bk, g.k), divides(cfg.bn, g.n))
 
 
-def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool, gemv: bool = False) -> list:
-    """[(suffix, 0/1 factor, config)] of a GEMM kernel (tiles.gemm_variants), its slices' and its large-row
-    remainder's as split-K left them; ``tma``: persistent TMA GEMMs are allowed (CudaOptions.tma); ``gemv``: a
-    decode step's few rows take a GEMV (CudaOptions.gemv)."""
+def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool) -> list:
+    """[(suffix, 0/1 factor, config)] of a GEMM kernel (tiles.gemm_variants) over the rows it runs for (all of
+    them, or the band split_k.py gave it); ``tma``: persistent TMA GEMMs are allowed (CudaOptions.tma)."""
     g = k.stages[0].node.gemm
     a_dtype = prog.buffers[g.a.buffer].dtype
     dtype = a_dtype if a_dtype == prog.buffers[g.b.buffer].dtype else g.acc_dtype
     bounds = symbol_bounds(prog)
     m_max, n_max, k_max = (upper_bound(e, bounds) for e in (g.m, g.n, g.k))
     m_min = lower_bound(g.m, prog)
-    if k.small_m:  # split_k.py's slices: at most SMALL_M rows, in bands (a GEMV for a decode step's few)
-        m_max = SMALL_M if m_max is None else min(m_max, SMALL_M)
-        when = k.when if k.when is not None else sympy.Integer(1)
-        return [(suffix, when * band, cfg) for suffix, band, cfg in
-                gemm_variants(dtype, g.m, m_max, n_max, k_max, m_min=m_min, gemv=gemv)]
+    when = sympy.Integer(1)
+    if k.rows is not None:  # split_k.py's band: rows above lo, up to hi
+        lo, hi = k.rows
+        m_min = max(m_min, lo + 1)
+        m_max = hi if m_max is None else (m_max if hi is None else min(m_max, hi))
+        when = k.when if k.when is not None else when
     tma = tma and tma_views(prog, g) is not None
-    if k.when is not None:  # the rows above SMALL_M only (split_k.py took the others)
-        return [("", k.when, gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
-    return gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min, gemv=gemv)
+    return [(suffix, when * band, cfg)
+            for suffix, band, cfg in gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min)]
 
 
 def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) -> list[str]:
@@ -317,11 +314,4 @@ def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) 
         f"{ind}    a = tl.load({a_ptrs}, mask={a_mask}, other=0.0){widen_a}",
         f"{ind}    b = tl.load({b_ptrs}" + (f", mask={b_mask}, other=0.0" if b_mask else "") + f"){widen_b}",
     ]
-    if not body.fma:
-        return lines + [f"{ind}    acc = tl.dot(a, b, acc{precision})"]
-    return lines + [  # one row: a column of A against the tile, 2-D; more: the [BM, BK, BN] product
-        f"{ind}    if BM == 1:",
-        f"{ind}        acc += tl.sum(tl.trans(a.to(tl.float32)) * b.to(tl.float32), 0, keep_dims=True)",
-        f"{ind}    else:",
-        f"{ind}        acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], 1)",
-    ]
+    return lines + [f"{ind}    acc = tl.dot(a, b, acc{precision})"]

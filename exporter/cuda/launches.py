@@ -106,7 +106,7 @@ def _shapes(prog: ir.Program, k: Kernel, tuned: dict, options: CudaOptions) -> l
 
     if k.kind == "gemm":
         return [(suffix, config("gemm", cfg), when)
-                for suffix, when, cfg in gemm_variants_of(prog, k, options.tma, options.gemv)]
+                for suffix, when, cfg in gemm_variants_of(prog, k, options.tma)]
     # other kernels that run for some shapes only (split_k.py) carry the factor here
     when = k.when if k.when is not None else sympy.Integer(1)
     if k.kind == "attention":

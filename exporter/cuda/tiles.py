@@ -16,7 +16,7 @@ from tcexport.exporter.errors import BuildError
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.bounds import upper_bound
 from tcexport.exporter.ir.kernels import Kernel
-from tcexport.exporter.schedule.small_m import SMALL_M
+from tcexport.exporter.schedule.small_m import FEW_M, SMALL_M
 
 
 @dataclass(frozen=True)
@@ -85,35 +85,35 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     persistent: bool = False  # one program per SM walking its tiles, TMA loads (gemm.persistent_head)
-    fma: bool = False  # a GEMV: products summed in registers, no tl.dot, so BM may be 1 (gemm.tile_head)
 
 
-GEMV_ROWS = 4
-"""At most this many rows (a decode step at batch 1 to 4), a GEMM is a GEMV: each weight tile is multiplied by the
-rows in registers (GemmConfig.fma), since tl.dot would pad the rows to 16 and the weight's bytes are the cost. The
-product of a [rows, BK] by a [BK, BN] tile is held whole in registers before its sum, so the tile shrinks as the
-rows grow (rows x BN x BK = 8192: 64 registers a thread at 4 warps); more rows take tl.dot. Only with
-CudaOptions.gemv: on the H200 a batch-1 decode step was slower with it (GPT-2 0.880 against 0.689 ms, Llama ~1B
-2.551 against 1.797 ms; bench/results/h200-decode-*-b1.md, `bench.decode --gemv`): tl.dot's 16-row tiles waste
-tensor-core work that a memory-bound step has to spare, while this form's register sum costs issue slots."""
-GEMV_PRODUCT = 8192
-GEMV_BK, GEMV_WARPS, GEMV_STAGES = 128, 4, 3
+FEW_TILE = (16, 16, 128, 2, 5)
+"""BM, BN, BK, warps, stages of a GEMM over at most FEW_M rows (a decode step) in 16-bit floats: one 16-row tile
+(tl.dot's least) holds the rows, 16 columns a program so that even a 768-wide projection has 48 programs, and a
+5-deep pipeline of 128-long K steps (split_k.few_slices splits K for the rest). Swept on an H100 over GPT-2
+small's and a ~1B Llama's projections at 1 and 8 rows, each in a CUDA graph of its layers' weights (python -m
+bench.probes.decode_gemm; bench/results/nvidia-h100-2026-12-06-decode-gemm.md): within 6% of the best of 80
+configs on every one, and 5-30% faster than the 64x64x128 tiles of more rows (Llama's MLP up-projection 14.1
+against 18.8 us, its LM head 46 against 59 us; cuBLAS 14.5 and 50). A GEMV without tl.dot (the rows times the
+weight tile in registers) was slower in the model (H200, GPT-2 0.880 against 0.689 ms a step): a memory-bound
+step has tensor-core work to spare."""
 
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (launches.unaligned)
 
 
-def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None, small_m: bool = False,
-                tma: bool = False, gemv: bool = False) -> GemmConfig:
+def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None,
+                tma: bool = False) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
     to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
     a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
     against 14.9-15.5 for 64x64x128 with 3 stages; 64x128x64 with 3 stages took 20.5), the same with 3 up to 16K
-    columns, 128x256x64 with 8 warps for a vocabulary-sized N; with at most SMALL_M rows (``small_m``), 64x64x128
+    columns, 128x256x64 with 8 warps for a vocabulary-sized N; with at most SMALL_M rows, 64x64x128
     (3 stages) up to 16K columns, which gives such a GEMM twice the programs (GPT-2's MLP up-projection at 128
     rows: 5.6 us against 8.7), and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
-    K needs.
+    K needs. At most FEW_M rows in 16-bit floats: FEW_TILE. ``m_max`` (None: unbounded) says which band of rows
+    the GEMM runs for.
 
     A vocabulary-sized N with many rows, when ``tma`` (both operands can be read through TMA descriptors,
     gemm.tma_views), is persistent: one program per SM walks its tiles and Triton pipelines the next
@@ -121,8 +121,10 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     with 4 stages, against 175 us one program per tile, and a call 785 against 827 us (python -m
     bench.probes.lm_head); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
     without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm)."""
-    if gemv and small_m and m_max is not None and m_max <= GEMV_ROWS and dtype in (*HALF, "float32"):
-        return gemv_config(m_max, n_max, k_max)
+    small_m = m_max is not None and m_max <= SMALL_M
+    if dtype in HALF and m_max is not None and m_max <= FEW_M:
+        bm, bn, bk, warps, stages = FEW_TILE
+        return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
     if dtype in HALF:
         if n_max is not None and n_max <= 1024 and not small_m:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 5
@@ -141,41 +143,31 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
 
 
-def gemv_config(m_max: int, n_max: int | None, k_max: int | None) -> GemmConfig:
-    rows = next_pow2(min(m_max, GEMV_ROWS))
-    bn = max(16, GEMV_PRODUCT // (rows * GEMV_BK))
-    return fit_gemm(GemmConfig(rows, bn, GEMV_BK, 1, GEMV_WARPS, GEMV_STAGES, fma=True), rows, n_max, k_max)
-
-
 def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int | None) -> GemmConfig:
     """``cfg`` with each tile side cut to what its dim needs (at least 16, tl.dot's minimum)."""
-    least = 1 if cfg.fma else 16
-    bm, bn, bk = (side if bound is None else min(side, max(least, next_pow2(bound)))
+    bm, bn, bk = (side if bound is None else min(side, max(16, next_pow2(bound)))
                   for side, bound in ((cfg.bm, m_max), (cfg.bn, n_max), (cfg.bk, k_max)))
-    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent, cfg.fma)
+    return GemmConfig(bm, bn, bk, cfg.group_m, cfg.num_warps, cfg.num_stages, cfg.persistent)
 
 
 def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None,
-                  tma: bool = False, m_min: int = 1, gemv: bool = False) -> list:
-    """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take: more
-    than SMALL_M (large tiles), up to SMALL_M (small tiles), up to GEMV_ROWS with ``gemv`` (CudaOptions.gemv: a
-    decode step through the same graph as a prefill). The condition is an integer expression, 1 where its variant
-    runs and 0 elsewhere (it multiplies the launch grid; a launch whose grid has a 0 is skipped, SPEC §6a), so the choice is made per
-    shape signature without any new manifest field."""
+                  tma: bool = False, m_min: int = 1) -> list:
+    """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take between
+    ``m_min`` and ``m_max``: more than SMALL_M (large tiles), up to SMALL_M (small tiles), up to FEW_M (a decode
+    step's: FEW_TILE), a prefill and a decode step through one graph. The condition is an integer expression, 1
+    where its variant runs and 0 elsewhere (it multiplies the launch grid; a launch whose grid has a 0 is
+    skipped, SPEC §6a), so the choice is made per shape signature without any new manifest field."""
     m = sympy.sympify(m)
     if m.is_Integer:
-        return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, small_m=(m_max or 0) <= SMALL_M,
-                                                   tma=tma, gemv=gemv))]
-    with_gemv = gemv and m_min <= GEMV_ROWS and dtype in (*HALF, "float32")
+        return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
     bands = []  # (suffix, rows above, rows up to, config); the lowest band starts at 0
     if m_max is None or m_max > SMALL_M:
-        bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None,
-                      gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
-    if m_min <= SMALL_M:
-        bands.append((f"_m{SMALL_M}", GEMV_ROWS if with_gemv else 0, SMALL_M,
-                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, small_m=True, gemv=gemv)))
-    if with_gemv:
-        bands.append((f"_m{GEMV_ROWS}", 0, GEMV_ROWS, gemv_config(min(m_max or GEMV_ROWS, GEMV_ROWS), n_max, k_max)))
+        bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None, gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
+    if m_min <= SMALL_M and (m_max is None or m_max > FEW_M):
+        bands.append((f"_m{SMALL_M}", FEW_M if m_min <= FEW_M else 0, SMALL_M,
+                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max)))
+    if m_min <= FEW_M:
+        bands.append((f"_m{FEW_M}", 0, FEW_M, gemm_config(dtype, min(m_max or FEW_M, FEW_M), n_max, k_max)))
     merged = []  # a band whose config equals the one above it joins it
     for suffix, lo, hi, cfg in bands:
         if merged and merged[-1][3] == cfg:
@@ -231,8 +223,7 @@ def tuned_config(name: str, kind: str, chosen: dict, heuristic):
     if kind == "attention" and (cfg.bd, cfg.bdv) != (heuristic.bd, heuristic.bdv):
         raise BuildError(f"tuning for kernel {name}: head blocks BD={cfg.bd}, BDV={cfg.bdv}, but this model's "
                          f"heads need {heuristic.bd}, {heuristic.bdv}; the tuning is from another model")
-    least_m = 1 if getattr(cfg, "fma", False) else 16  # a GEMV's rows never reach tl.dot
-    if cfg.bm < least_m or cfg.bn < 16 or kind == "gemm" and cfg.bk < 16:
+    if cfg.bm < 16 or cfg.bn < 16 or kind == "gemm" and cfg.bk < 16:
         raise BuildError(f"tuning for kernel {name}: tiles {cfg} have a side below 16, which tl.dot cannot take")
     sides = [cfg.bm, cfg.bn, cfg.bk] if kind == "gemm" else [cfg.bm, cfg.bn]
     if any(s & (s - 1) for s in sides) or cfg.num_warps not in (1, 2, 4, 8, 16):

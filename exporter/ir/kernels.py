@@ -66,7 +66,7 @@ class Kernel:
     stages: list = field(default_factory=list)
     local: set = field(default_factory=set)  # buffers held in registers, never stored
     when: object = None    # GPU only: a 0/1 expression of the symbols; the kernel runs where it is 1 (split_k.py)
-    small_m: bool = False  # GPU only: a GEMM that only ever sees at most SMALL_M rows (split_k.py's slices)
+    rows: tuple | None = None  # GPU only: (above, up to) the band of rows a GEMM runs for (split_k.py); None: all
     kv_split: KvSplit | None = None  # GPU only: an attention kernel over one slice of the keys (split_kv.py)
 
     @property
@@ -106,7 +106,7 @@ class Kernel:
                 f"{self.name}: attention starts and ends with its GEMMs"
         outs = {s.node.out.name for s in self.stages}
         assert self.local <= outs, f"{self.name}: registers {sorted(self.local - outs)} it does not compute"
-        assert not self.small_m or self.kind == "gemm", f"{self.name}: small_m on a {self.kind} kernel"
+        assert self.rows is None or self.kind == "gemm", f"{self.name}: a band of rows on a {self.kind} kernel"
         assert self.kv_split is None or self.kind == "attention", f"{self.name}: kv_split on a {self.kind} kernel"
 
     def __str__(self):

@@ -30,7 +30,6 @@ from tcexport.exporter.cuda.launches import kernel_launches
 from tcexport.exporter.cuda.module import standalone
 from tcexport.exporter.cuda.tiles import GemmConfig, fit_gemm
 from tcexport.exporter.ir.bounds import symbol_bounds, upper_bound
-from tcexport.exporter.schedule.small_m import SMALL_M
 from tcexport.exporter.errors import BuildError, ExportError
 from tcexport.exporter.options import CudaOptions
 
@@ -43,6 +42,7 @@ AGREE = 2e-2  # relative distance of a candidate's outputs from the heuristic co
 GEMM_HALF = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 3),
              (128, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 4, 3),
              (128, 128, 32, 4, 4), (64, 64, 64, 4, 4)]
+GEMM_FEW = [(16, 16, 128, 2, 5), (16, 32, 128, 2, 5), (16, 64, 128, 4, 5), (16, 16, 256, 2, 3)]  # tiles.FEW_TILE's kin
 GEMM_FLOAT = [(64, 64, 32, 4, 3), (32, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
               (128, 128, 32, 8, 3), (64, 64, 64, 4, 2)]
 # (BM, BN, warps, stages) of flash attention
@@ -91,7 +91,8 @@ def candidates(family: Family, dtype: str, bounds: tuple) -> list[dict]:
     half = dtype in HALF
     out = [c]
     if family.kind == "gemm":
-        for bm, bn, bk, warps, stages in GEMM_HALF if half else GEMM_FLOAT:
+        few = c["BM"] <= 16 or bounds[0] is not None and bounds[0] <= 16  # a decode step's launch
+        for bm, bn, bk, warps, stages in (GEMM_FEW if few else []) + (GEMM_HALF if half else GEMM_FLOAT):
             cfg = fit_gemm(GemmConfig(bm, bn, bk, c["GROUP_M"], warps, stages), *bounds)
             out.append({"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "GROUP_M": cfg.group_m,
                         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
@@ -115,8 +116,8 @@ def _shape(prog, kernels, module, index) -> tuple[str, tuple]:
     a, b = prog.buffers[g.a.buffer].dtype, prog.buffers[g.b.buffer].dtype
     dims = (g.m, g.n, g.k) if k.kind == "gemm" else (g.m,)
     out = [upper_bound(e, bounds) for e in dims]
-    if k.small_m:  # split-K slices: at most SMALL_M rows
-        out[0] = SMALL_M if out[0] is None else min(out[0], SMALL_M)
+    if k.rows is not None and k.rows[1] is not None:  # split_k.py's band: at most its rows
+        out[0] = k.rows[1] if out[0] is None else min(out[0], k.rows[1])
     return (a if a == b else g.acc_dtype), tuple(out)
 
 
