@@ -7,7 +7,8 @@ configs, each with its weight bandwidth (GB/s) and its program count.
 
     python -m bench.probes.decode_gemm [--rows 1 8] [--layers 8]       # on a GPU machine
     TRITON_INTERPRET=1 python -m bench.probes.decode_gemm --check     # correctness on the CPU, small shapes
-"""
+
+Results: bench/results/nvidia-h100-2026-12-06-decode-gemm.md."""
 import itertools
 
 import torch

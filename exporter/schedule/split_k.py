@@ -102,7 +102,7 @@ def _split(prog: ir.Program, k: Kernel, bounds: dict) -> list[Kernel] | None:
     if g.batch != 1 or g.acc_dtype != "float32" or g.a.index is not None or g.b.index is not None:
         return None
     m_max = upper_bound(g.m, bounds)
-    if m_max is None:
+    if m_max is None or m_max < 1:  # no rows (an empty batch): nothing to split
         return None
     out = node.out
     if not ir.same_size(out.shape[-1], g.n) or not ir.same_size(ir.product(out.shape[:-1]), g.m):
