@@ -40,13 +40,14 @@ def test_signature(model):
 
 def test_batch_norm_folds_and_relu_fuses_away(model):
     """Batch norm is folded into each conv's weight and bias at export; bias and ReLU leave no kernel of their own
-    over the activations: they run in the epilogue of the convolution's GEMM. Each convolution is an im2col
-    gather (the only pointwise kernels) and a GEMM."""
+    over the activations: they run in the epilogue of the convolution's GEMM. Each convolution is a padded copy
+    of its input (the only pointwise kernels; schedule/window_gemm.py), a GEMM reading its taps there, and the
+    epilogue that writes the output from the GEMM's wider rows."""
     names = model.manifest.plan["kernels"]
     kinds = [n.split("_", 1)[1] for n in names]
-    # im2col, conv GEMM + bias + ReLU, max pool; im2col, conv GEMM + bias + ReLU, avg pool; linear
-    assert kinds == ["pointwise", "gemm_epilogue", "reduce_max", "pointwise", "gemm_epilogue", "reduce_sum",
-                     "gemm_epilogue"], names
+    # padded copy, conv GEMM, bias + ReLU, max pool; again, avg pool; linear
+    conv = ["pointwise_phases", "gemm", "gemm_epilogue"]
+    assert kinds == conv + ["reduce_max"] + conv + ["reduce_sum", "gemm_epilogue"], names
     weights = {w.name for w in model.manifest.weights}
     assert weights == {"conv1.weight.bn_folded", "conv1.bias.bn_folded", "conv2.weight.bn_folded",
                        "conv2.bias.bn_folded", "head.weight", "head.bias"}, weights

@@ -12,7 +12,7 @@ from torch import nn
 
 from tcexport.exporter import export
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.schedule.pad_windows import _tap
+from tcexport.exporter.schedule.pad_windows import tap
 from tcexport.loader import load
 
 pytestmark = pytest.mark.slow
@@ -80,9 +80,9 @@ def test_a_select_with_any_other_condition_is_not_a_tap():
     prog = ir.Program({"x": ir.Buffer("x", "float32", (sympy.Integer(7),), "input")}, [], ["x"], [], [])
     load = ir.Load("float32", "x", (sympy.Max(i - 2, 0),))
     inside = ir.Op("bool", "ge", (ir.IndexValue("int64", i - 2), ir.Const("int64", 0)))
-    assert _tap(prog, ir.Op("float32", "where", (inside, load, ir.Const("float32", 0.0)))) is not None
+    assert tap(prog, ir.Op("float32", "where", (inside, load, ir.Const("float32", 0.0)))) is not None
     other = ir.Op("bool", "logical_and", (inside, ir.Op("bool", "gt", (load, ir.Const("float32", 0.0)))))
-    assert _tap(prog, ir.Op("float32", "where", (other, load, ir.Const("float32", 0.0)))) is None
-    assert _tap(prog, ir.Op("float32", "where", (inside, load, ir.Const("float32", -1.0)))) is None
+    assert tap(prog, ir.Op("float32", "where", (other, load, ir.Const("float32", 0.0)))) is None
+    assert tap(prog, ir.Op("float32", "where", (inside, load, ir.Const("float32", -1.0)))) is None
     shifted = ir.Op("bool", "ge", (ir.IndexValue("int64", i - 1), ir.Const("int64", 0)))
-    assert _tap(prog, ir.Op("float32", "where", (shifted, load, ir.Const("float32", 0.0)))) is None
+    assert tap(prog, ir.Op("float32", "where", (shifted, load, ir.Const("float32", 0.0)))) is None

@@ -378,6 +378,7 @@ class CppKernelWriter:
         b_ptr = b_ptr or self._gemm_input(gb, acc, lines, "tc_wb")
         ta, lda = self._operand(ga, g.m, g.k)
         tb, ldb = self._operand(gb, g.k, g.n)
+        rows = self._row_offsets(gb, lines)
         out = node.out.name
         if node.out.dtype != acc:
             assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
@@ -386,11 +387,26 @@ class CppKernelWriter:
         lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
             f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(ga.batch_stride)},",
-            f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out});",
+            f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out}{rows});",
         ]
         if node.body is not None:
             lines += self._epilogue(node, "tc_acc" if node.out.dtype != acc else None)
         return lines
+
+    @staticmethod
+    def _row_offsets(op: ir.GemmOperand, lines: list) -> str:
+        """For an operand whose rows lie at offsets of their own (ir.GemmOperand.rows), the table of them, built
+        per call (K entries), as tc_gemm's last argument; else nothing."""
+        if op.rows is None:
+            return ""
+        sizes, offset = op.rows
+        vars_ = [sympy.Symbol(f"t{d}", integer=True, nonnegative=True) for d in range(len(sizes))]
+        offset = cindex(sympy.sympify(offset).xreplace({ir.ivar(d): v for d, v in enumerate(vars_)}))
+        lines.append(f"  std::vector<int64_t> tc_brows(static_cast<size_t>({cindex(ir.product(sizes))}));")
+        lines += ["  {", "    int64_t* tc_r = tc_brows.data();"]
+        lines += _nest([v.name for v in vars_], sizes, "    ", lambda i: [f"{i}*tc_r++ = {offset};"])
+        lines.append("  }")
+        return ", tc_brows.data()"
 
     def _gathered(self, op: ir.GemmOperand, batch, rows, cols, acc: str, lines: list, scratch: str):
         """An operand given as a view without strides (ir.GemmOperand.index), gathered into contiguous ``acc``

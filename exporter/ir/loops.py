@@ -246,7 +246,10 @@ class GemmOperand:
     """A 2-D (or batched 3-D) view of a realized buffer, as a GEMM reads it. Strided views (what a BLAS call
     takes) have ``offset`` and the three strides; any other view (heads split out of a fused projection, a
     reshape across a transpose) has ``index`` instead: the buffer index of element (i0, i1, i2) = (batch, row,
-    col) (i0 is 0 for an unbatched GEMM). Triton reads such a view in place; the C++ backend gathers it."""
+    col) (i0 is 0 for an unbatched GEMM). Triton reads such a view in place; the C++ backend gathers it.
+    ``rows`` (the CPU's only: schedule/window_gemm.py) places row k otherwise than at k * row_stride: as
+    ``(sizes, offset)``, k split row-major over ``sizes`` into (i0, i1, ...) and its row at ``offset`` of them (a
+    convolution's channel and taps over its zero-padded input)."""
 
     buffer: str
     offset: sympy.Expr
@@ -254,10 +257,15 @@ class GemmOperand:
     row_stride: sympy.Expr
     col_stride: sympy.Expr
     index: tuple | None = None
+    rows: tuple | None = None
 
     def __str__(self):
         if self.index is not None:
             return f"{self.buffer}[{', '.join(map(str, self.index))}]"
+        if self.rows is not None:
+            sizes, offset = self.rows
+            return (f"{self.buffer}+{self.offset} strides(b={self.batch_stride}, "
+                    f"r=[{offset} over {' x '.join(map(str, sizes))}], c={self.col_stride})")
         return (f"{self.buffer}+{self.offset} strides(b={self.batch_stride}, "
                 f"r={self.row_stride}, c={self.col_stride})")
 

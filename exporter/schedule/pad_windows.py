@@ -52,7 +52,7 @@ def _padded(prog: ir.Program, node: ir.Node, count: int) -> tuple[list[ir.Node],
     """(the copies' nodes, ``node``'s body reading them): one copy per group of at least MIN_TAPS taps that
     select the same value of one buffer (x, or an activation of it inlined into the taps), where enough of the
     taps are at the rows' edges; ([], None) when no group is."""
-    taps = {id(v): t for v in ir.walk(node.body) if (t := _tap(prog, v)) is not None}
+    taps = {id(v): t for v in ir.walk(node.body) if (t := tap(prog, v)) is not None}
     groups: dict = {}
     for key, t in taps.items():
         groups.setdefault(t.template, []).append(key)
@@ -103,7 +103,7 @@ def _map_taps(v: ir.Value, fn) -> ir.Value:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tap:
+class Tap:
     where: ir.Op        # the select itself
     buffer: str         # the one buffer its value reads
     raw: tuple          # the index it reads at, without its clamps
@@ -111,7 +111,7 @@ class _Tap:
     template: ir.Value  # its value with the reads at (i0, i1, ...): taps with one template share a copy
 
 
-def _tap(prog: ir.Program, v) -> _Tap | None:
+def tap(prog: ir.Program, v) -> Tap | None:
     """``where(inside, f(x[clamped]), 0)``, f made of operations on x at that one index, whose condition is
     exactly its clamps' bounds (lower/conv.py's window_load; f: an activation inlined into the window), else
     None."""
@@ -137,7 +137,7 @@ def _tap(prog: ir.Program, v) -> _Tap | None:
         return None
     own = tuple(ir.ivar(d) for d in range(len(shape)))
     template = ir.map_values(val, lambda x: ir.Load(x.dtype, x.buffer, own) if isinstance(x, ir.Load) else x)
-    return _Tap(v, buffer, tuple(raw), frozenset(clamped), template)
+    return Tap(v, buffer, tuple(raw), frozenset(clamped), template)
 
 
 def _stripped(e, size):

@@ -204,6 +204,8 @@ TC_INLINE float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
 //   broadcasts of A, 2*MR FMAs. B panels are read in place when B is row-major (K x N) and packed K x 32 when
 //   B is a transposed operand (N x K rows, e.g. nn.Linear's weight), by 16 x 16 register transposes; K runs in
 //   chunks of kTcKc so a packed panel stays in L1/L2. A row of a transposed B with m = 1 is a dot product.
+//   B's rows may also lie at offsets of their own (``rows``, RB): a convolution's taps, each a shifted view of
+//   one zero-padded input (schedule/window_gemm.py), read in place instead of copied out (im2col).
 #if defined(__AVX512F__)
 constexpr int kTcMr = 8;     // rows per micro-tile
 constexpr int kTcNr = 32;    // columns per micro-tile (two zmm)
@@ -215,16 +217,17 @@ TC_INLINE __mmask16 tc_lanes(int64_t n) {
 }
 
 // C[0..MR) x [0..32) (lanes masked by m0/m1) = (acc ? C : 0) + sum_k A(r, k) B[k][0..32); A(r, k) is
-// A[r * lda + k], or A[k * lda + r] when TA; B rows are ldb apart.
-template <int MR, bool TA>
-inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                           int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+// A[r * lda + k], or A[k * lda + r] when TA; B row k is at B + k * ldb, or at B + rows[k] when RB.
+template <int MR, bool TA, bool RB>
+inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, const int64_t* rows,
+                           float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b0 = _mm512_maskz_loadu_ps(m0, B + k * ldb);
-    const __m512 b1 = _mm512_maskz_loadu_ps(m1, B + k * ldb + 16);
+    const float* bk = B + (RB ? rows[k] : k * ldb);
+    const __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+    const __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 a = _mm512_set1_ps(TA ? A[k * lda + r] : A[r * lda + k]);
@@ -243,25 +246,26 @@ inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* 
   }
 }
 
-template <int MR, bool TA>
+template <int MR, bool TA, bool RB>
 inline void tc_sgemm_rows_dispatch(int64_t rows, int64_t K, const float* A, int64_t lda, const float* B,
-                                   int64_t ldb, float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+                                   int64_t ldb, const int64_t* brows, float* C, int64_t ldc, __mmask16 m0,
+                                   __mmask16 m1, bool acc) {
   if constexpr (MR > 0) {
-    if (rows == MR) tc_sgemm_micro<MR, TA>(K, A, lda, B, ldb, C, ldc, m0, m1, acc);
-    else tc_sgemm_rows_dispatch<MR - 1, TA>(rows, K, A, lda, B, ldb, C, ldc, m0, m1, acc);
+    if (rows == MR) tc_sgemm_micro<MR, TA, RB>(K, A, lda, B, ldb, brows, C, ldc, m0, m1, acc);
+    else tc_sgemm_rows_dispatch<MR - 1, TA, RB>(rows, K, A, lda, B, ldb, brows, C, ldc, m0, m1, acc);
   }
 }
 
 // Rows [0, M) of one 32-column panel, MR at a time.
-template <bool TA>
+template <bool TA, bool RB = false>
 inline void tc_sgemm_panel(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                           float* C, int64_t ldc, int64_t width, bool acc) {
+                           float* C, int64_t ldc, int64_t width, bool acc, const int64_t* brows = nullptr) {
   const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
   for (int64_t i = 0; i < M; i += kTcMr) {
     const int64_t rows = std::min<int64_t>(kTcMr, M - i);
     const float* a = A + (TA ? i : i * lda);
-    if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA>(K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
-    else tc_sgemm_rows_dispatch<kTcMr - 1, TA>(rows, K, a, lda, B, ldb, C + i * ldc, ldc, m0, m1, acc);
+    if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA, RB>(K, a, lda, B, ldb, brows, C + i * ldc, ldc, m0, m1, acc);
+    else tc_sgemm_rows_dispatch<kTcMr - 1, TA, RB>(rows, K, a, lda, B, ldb, brows, C + i * ldc, ldc, m0, m1, acc);
   }
 }
 
@@ -370,9 +374,10 @@ inline void tc_sgemv_t(int64_t N, int64_t K, const float* a, const float* Bt, in
   }
 }
 
-// C (M x N, rows ldc apart) = op(A) op(B) on the calling thread.
+// C (M x N, rows ldc apart) = op(A) op(B) on the calling thread; B row k at B + brows[k] when brows is given
+// (then not transposed).
 inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda, bool tb,
-                         const float* B, int64_t ldb, float* C, int64_t ldc) {
+                         const float* B, int64_t ldb, float* C, int64_t ldc, const int64_t* brows = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
@@ -388,14 +393,16 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
     const float* a = A + (ta ? k0 * lda : k0);
     for (int64_t j = 0; j < N; j += kTcNr) {
       const int64_t width = std::min<int64_t>(kTcNr, N - j);
-      const float* b = B + k0 * ldb + j;
+      const float* b = B + (brows ? 0 : k0 * ldb) + j;
       int64_t ldp = ldb;
       if (tb) {
         tc_sgemm_pack_t(B, ldb, j, width, k0, kc, panel);
         b = panel;
         ldp = kTcNr;
       }
-      if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
+      if (brows && ta) tc_sgemm_panel<true, true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, brows + k0);
+      else if (brows) tc_sgemm_panel<false, true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, brows + k0);
+      else if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
       else tc_sgemm_panel<false>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
     }
   }
@@ -454,11 +461,13 @@ struct tc_gemm_split {
 
 // GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph),
 // or for float32 on AVX-512 through tc_sgemm_own. The work is split across the pool's threads (tc_gemm_split, runtime/pool.h);
-// each piece is one BLAS call (or one own-kernel call) on a contiguous slice.
+// each piece is one BLAS call (or one own-kernel call) on a contiguous slice. With ``brows`` (B not transposed),
+// B's row k is at B + brows[k] (a convolution's taps over its padded input): the own kernel reads them in place,
+// a BLAS call gets them copied into rows of this thread's scratch first.
 template <typename T, typename Gemm>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
                     bool ta, const T* A, int64_t lda, int64_t a_batch,
-                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C) {
+                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C, const int64_t* brows = nullptr) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
 #if defined(__AVX512F__)
   constexpr bool own = std::is_same<T, float>::value;
@@ -480,12 +489,20 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     if (m <= 0 || n <= 0) return;
 #if defined(__AVX512F__)
     if constexpr (own) {
-      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N);
+      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N, brows);
       return;
     }
 #endif
+    int64_t ld = ldb;
+    std::vector<T> rows_copy;
+    if (brows) {  // B's rows gathered for BLAS: K x n, rows n apart
+      rows_copy.resize(static_cast<size_t>(K * n));
+      for (int64_t k = 0; k < K; ++k) std::copy(bb + brows[k], bb + brows[k] + n, rows_copy.data() + k * n);
+      bb = rows_copy.data();
+      ld = n;
+    }
     gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
-         bb, (int)ldb, T(0), c, (int)N);
+         bb, (int)ld, T(0), c, (int)N);
   };
   if (split.threads > 1) {  // the pool is not used at all otherwise: a small product is done before it wakes
     const int64_t parts = split.parts;
