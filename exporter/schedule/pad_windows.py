@@ -118,12 +118,10 @@ def tap(prog: ir.Program, v) -> Tap | None:
     if not (isinstance(v, ir.Op) and v.op == "where" and isinstance(v.args[2], ir.Const) and v.args[2].value == 0):
         return None
     cond, val = v.args[0], v.args[1]
-    values = list(ir.walk(val))
-    loads = [x for x in values if isinstance(x, ir.Load)]
-    if not loads or any(isinstance(x, (ir.LoadIndirect, ir.IndexValue)) for x in values) or \
-            len({(x.buffer, x.index) for x in loads}) != 1 or loads[0].buffer not in prog.buffers:
+    read = single_read(prog, val)
+    if read is None:
         return None
-    buffer, index = loads[0].buffer, loads[0].index
+    buffer, index, template = read
     shape = prog.buffers[buffer].shape
     raw, bounds, clamped = [], set(), set()
     for d, (e, size) in enumerate(zip(index, shape)):
@@ -135,9 +133,20 @@ def tap(prog: ir.Program, v) -> Tap | None:
             e = next(a for a in e.args if a != 0 and a != sympy.sympify(size) - 1)
     if not bounds or _conditions(cond, shape, raw) != bounds:
         return None
-    own = tuple(ir.ivar(d) for d in range(len(shape)))
-    template = ir.map_values(val, lambda x: ir.Load(x.dtype, x.buffer, own) if isinstance(x, ir.Load) else x)
     return Tap(v, buffer, tuple(raw), frozenset(clamped), template)
+
+
+def single_read(prog: ir.Program, val: ir.Value) -> tuple[str, tuple, ir.Value] | None:
+    """(buffer, index, template) when ``val`` is operations on one element of one buffer (read at ``index``; the
+    template is ``val`` with that read at (i0, i1, ...)), else None."""
+    values = list(ir.walk(val))
+    loads = [x for x in values if isinstance(x, ir.Load)]
+    if not loads or any(isinstance(x, (ir.LoadIndirect, ir.IndexValue)) for x in values) or \
+            len({(x.buffer, x.index) for x in loads}) != 1 or loads[0].buffer not in prog.buffers:
+        return None
+    buffer, index = loads[0].buffer, loads[0].index
+    own = tuple(ir.ivar(d) for d in range(len(index)))
+    return buffer, index, ir.map_values(val, lambda x: ir.Load(x.dtype, x.buffer, own) if isinstance(x, ir.Load) else x)
 
 
 def _stripped(e, size):

@@ -33,7 +33,7 @@ from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import Kernel
 from tcexport.exporter.lower.values import all_of
 from tcexport.exporter.schedule.fuse import new_kernel
-from tcexport.exporter.schedule.pad_windows import tap
+from tcexport.exporter.schedule.pad_windows import single_read, tap
 
 WASTE = 20  # the dropped columns times Cout allowed per output column (see above)
 
@@ -90,13 +90,10 @@ def window_of(prog: ir.Program, node: ir.Node) -> Window | None:
     if t is not None:
         source, raw, template = t.buffer, t.raw, t.template
     else:  # no padding: a plain read, no select
-        loads = [v for v in ir.walk(node.body) if isinstance(v, ir.Load)]
-        if not loads or len({(v.buffer, v.index) for v in loads}) != 1 or \
-                any(isinstance(v, (ir.LoadIndirect, ir.IndexValue)) for v in ir.walk(node.body)):
+        read = single_read(prog, node.body)
+        if read is None:
             return None
-        source, raw = loads[0].buffer, loads[0].index
-        own = tuple(ir.ivar(d) for d in range(len(raw)))
-        template = ir.map_values(node.body, lambda v: ir.Load(v.dtype, v.buffer, own) if isinstance(v, ir.Load) else v)
+        source, raw, template = read
     shape, src = node.out.shape, prog.buffers[source].shape
     nsp = len(src) - 2
     if nsp not in (1, 2) or len(shape) != 2 + 2 * nsp or len(raw) != len(src):
