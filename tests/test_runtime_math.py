@@ -201,10 +201,11 @@ extern "C" void run_gemm(int nt, long batch, long m, long n, long k, int ta, con
 }
 """
 
-GEMM_SHAPES = [  # (batch, m, n, k): tiles, panel edges, k past one packed chunk (512), m = 1, k = 0
+GEMM_SHAPES = [  # (batch, m, n, k): tiles, panel edges, k past one packed block (256), m = 1, k = 0; the own
+    # kernel's blocks: m past 256 rows and n past 1024 columns, a short last k block, few rows (16, B not packed)
     (1, 1, 1, 1), (1, 1, 256, 64), (1, 1, 37, 300), (1, 5, 3, 7), (1, 8, 32, 16), (1, 9, 33, 17), (1, 37, 70, 129),
     (1, 96, 172, 64), (1, 130, 200, 64), (1, 64, 64, 1030), (1, 300, 64, 40), (1, 2, 500, 3), (3, 17, 45, 19),
-    (4, 32, 32, 32), (1, 7, 9, 0),
+    (4, 32, 32, 32), (1, 7, 9, 0), (1, 270, 1060, 300), (1, 16, 70, 300), (1, 20, 1030, 520),
 ]
 
 

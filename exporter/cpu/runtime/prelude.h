@@ -201,31 +201,40 @@ TC_INLINE float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
 // model and runs AVX2 ones on CPUs it does not know (AMD Zen 4/5 report "Haswell"), at half this kernel's
 // speed; small products also skip BLAS's per-call overhead (2-3 us at m = 1).
 //   C tile (MR rows x 32 columns) in 2*MR zmm accumulators; per k: two vector loads of a B row segment, MR
-//   broadcasts of A, 2*MR FMAs. B panels are read in place when B is row-major (K x N) and packed K x 32 when
-//   B is a transposed operand (N x K rows, e.g. nn.Linear's weight), by 16 x 16 register transposes; K runs in
-//   chunks of kTcKc so a packed panel stays in L1/L2. A row of a transposed B with m = 1 is a dot product.
-//   B's rows may also lie at offsets of their own (``rows``, RB): a convolution's taps, each a shifted view of
-//   one zero-padded input (schedule/window_gemm.py), read in place instead of copied out (im2col).
+//   broadcasts of A, 2*MR FMAs. Blocked as GotoBLAS is: B is copied, kc rows x nc columns at a time, into
+//   contiguous kc x 32 micro-panels (from row-major, transposed or row-offset B alike: a convolution's taps,
+//   each a shifted view of one zero-padded input, schedule/window_gemm.py); one micro-panel (32 KB) stays in L1
+//   while A's MR-row strips stream past it from L2. B read in place (strided rows, set conflicts in L1, no
+//   prefetch across rows) ran at half the speed once its operands came from L3, as in a model they do. A
+//   product with few rows of A reads a row-major B in place instead: its copy would cost more than its reuse.
 #if defined(__AVX512F__)
-constexpr int kTcMr = 8;     // rows per micro-tile
-constexpr int kTcNr = 32;    // columns per micro-tile (two zmm)
-constexpr int kTcKc = 512;   // k per packed panel (64 KB)
+constexpr int kTcMr = 8;          // rows per micro-tile
+constexpr int kTcNr = 32;         // columns per micro-tile (two zmm)
+constexpr int64_t kTcKc = 256;    // k per block: a micro-panel of B is kc x 32 (32 KB, in the 48 KB L1)
+constexpr int64_t kTcNc = 1024;   // columns per block: B's block is kc x nc (1 MB, in L2)
+constexpr int64_t kTcMc = 256;    // rows of A per block (256 KB, in L2 next to B's)
 
 TC_INLINE __mmask16 tc_lanes(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff) : n <= 0 ? static_cast<__mmask16>(0)
                                                             : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// C[0..MR) x [0..32) (lanes masked by m0/m1) = (acc ? C : 0) + sum_k A(r, k) B[k][0..32); A(r, k) is
-// A[r * lda + k], or A[k * lda + r] when TA; B row k is at B + k * ldb, or at B + rows[k] when RB.
-template <int MR, bool TA, bool RB>
-inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, const int64_t* rows,
-                           float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+// C[0..MR) x [0..32) (lanes masked by m0/m1) = (acc ? C : 0) + sum_k A(r, k) B[k * ldb + 0..32); A(r, k) is
+// A[r * lda + k], or A[k * lda + r] when TA.
+template <int MR, bool TA>
+inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                           int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = _mm512_setzero_ps();
+    c1[r] = _mm512_setzero_ps();
+    // the tile's rows of C, fetched while the k loop runs: its store would otherwise wait on each line's miss
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(C + r * ldc + 16), _MM_HINT_T0);
+  }
   for (int64_t k = 0; k < K; ++k) {
-    const float* bk = B + (RB ? rows[k] : k * ldb);
+    const float* bk = B + k * ldb;
     const __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
     const __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
 #pragma GCC unroll 16
@@ -246,27 +255,21 @@ inline void tc_sgemm_micro(int64_t K, const float* A, int64_t lda, const float* 
   }
 }
 
-template <int MR, bool TA, bool RB>
+template <int MR, bool TA>
 inline void tc_sgemm_rows_dispatch(int64_t rows, int64_t K, const float* A, int64_t lda, const float* B,
-                                   int64_t ldb, const int64_t* brows, float* C, int64_t ldc, __mmask16 m0,
-                                   __mmask16 m1, bool acc) {
+                                   int64_t ldb, float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
   if constexpr (MR > 0) {
-    if (rows == MR) tc_sgemm_micro<MR, TA, RB>(K, A, lda, B, ldb, brows, C, ldc, m0, m1, acc);
-    else tc_sgemm_rows_dispatch<MR - 1, TA, RB>(rows, K, A, lda, B, ldb, brows, C, ldc, m0, m1, acc);
+    if (rows == MR) tc_sgemm_micro<MR, TA>(K, A, lda, B, ldb, C, ldc, m0, m1, acc);
+    else tc_sgemm_rows_dispatch<MR - 1, TA>(rows, K, A, lda, B, ldb, C, ldc, m0, m1, acc);
   }
 }
 
-// Rows [0, M) of one 32-column panel, MR at a time.
-template <bool TA, bool RB = false>
-inline void tc_sgemm_panel(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                           float* C, int64_t ldc, int64_t width, bool acc, const int64_t* brows = nullptr) {
-  const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
-  for (int64_t i = 0; i < M; i += kTcMr) {
-    const int64_t rows = std::min<int64_t>(kTcMr, M - i);
-    const float* a = A + (TA ? i : i * lda);
-    if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA, RB>(K, a, lda, B, ldb, brows, C + i * ldc, ldc, m0, m1, acc);
-    else tc_sgemm_rows_dispatch<kTcMr - 1, TA, RB>(rows, K, a, lda, B, ldb, brows, C + i * ldc, ldc, m0, m1, acc);
-  }
+// One tile of ``rows`` <= MR rows.
+template <bool TA>
+TC_INLINE void tc_sgemm_tile(int64_t rows, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                             float* C, int64_t ldc, __mmask16 m0, __mmask16 m1, bool acc) {
+  if (rows == kTcMr) tc_sgemm_micro<kTcMr, TA>(K, A, lda, B, ldb, C, ldc, m0, m1, acc);
+  else tc_sgemm_rows_dispatch<kTcMr - 1, TA>(rows, K, A, lda, B, ldb, C, ldc, m0, m1, acc);
 }
 
 // Shuffles through their zero-masked forms: the plain intrinsics read GCC 12's "undefined" vector, which trips
@@ -374,6 +377,27 @@ inline void tc_sgemv_t(int64_t N, int64_t K, const float* a, const float* Bt, in
   }
 }
 
+// Rows [k0, k0 + kc) and columns [j0, j0 + nc) of B as contiguous kc x 32 micro-panels (the last one narrower,
+// its lanes masked by the kernel): B row k is at B + k * ldb, or at B + rows[k]; with tb, B is given as its
+// transpose (N x K, rows ldb apart).
+inline void tc_sgemm_pack_b(const float* B, int64_t ldb, bool tb, const int64_t* rows, int64_t k0, int64_t kc,
+                            int64_t j0, int64_t nc, float* dst) {
+  for (int64_t j = 0; j < nc; j += kTcNr) {
+    float* panel = dst + (j / kTcNr) * kc * kTcNr;
+    const int64_t width = std::min<int64_t>(kTcNr, nc - j);
+    if (tb) {
+      tc_sgemm_pack_t(B, ldb, j0 + j, width, k0, kc, panel);
+      continue;
+    }
+    const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = B + (rows ? rows[k0 + k] : (k0 + k) * ldb) + j0 + j;
+      _mm512_store_ps(panel + k * kTcNr, _mm512_maskz_loadu_ps(m0, src));
+      _mm512_store_ps(panel + k * kTcNr + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+    }
+  }
+}
+
 // C (M x N, rows ldc apart) = op(A) op(B) on the calling thread; B row k at B + brows[k] when brows is given
 // (then not transposed).
 inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda, bool tb,
@@ -387,23 +411,45 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
     tc_sgemv_t(N, K, A, B, ldb, C);
     return;
   }
-  alignas(64) static thread_local float panel[kTcKc * kTcNr];
-  for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
-    const int64_t kc = std::min<int64_t>(kTcKc, K - k0);
-    const float* a = A + (ta ? k0 * lda : k0);
-    for (int64_t j = 0; j < N; j += kTcNr) {
-      const int64_t width = std::min<int64_t>(kTcNr, N - j);
-      const float* b = B + (brows ? 0 : k0 * ldb) + j;
-      int64_t ldp = ldb;
-      if (tb) {
-        tc_sgemm_pack_t(B, ldb, j, width, k0, kc, panel);
-        b = panel;
-        ldp = kTcNr;
+  // a row-major B is read in place by a product of few rows: each of its rows would be copied for M / 8 uses
+  const bool pack = tb || brows || M > 2 * kTcMr;
+  static thread_local std::vector<float> buf;
+  if (pack) {
+    const size_t need = static_cast<size_t>(std::min(kTcKc, K) * std::min(kTcNc, (N + kTcNr - 1) / kTcNr * kTcNr)) + 16;
+    if (buf.size() < need) buf.resize(need);
+  }
+  // 64-byte aligned inside the buffer (std::vector's own alignment is 16)
+  float* bp = pack ? buf.data() + ((64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64) / sizeof(float) : nullptr;
+  // few rows use each packed micro-panel only M / 8 times, and a transposed B (a Linear's weight) ran no faster
+  // packed a block at a time: there each micro-panel is packed just before its use, still in L1
+  const int64_t nc_max = M <= 2 * kTcMr || tb ? kTcNr : kTcNc;
+  for (int64_t j0 = 0; j0 < N; j0 += nc_max) {
+    const int64_t nc = std::min(nc_max, N - j0);
+    for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
+      const int64_t kc = std::min(kTcKc, K - k0);
+      if (pack) tc_sgemm_pack_b(B, ldb, tb, brows, k0, kc, j0, nc, bp);
+      for (int64_t i0 = 0; i0 < M; i0 += kTcMc) {
+        const int64_t mc = std::min(kTcMc, M - i0);
+        const float* a = A + (ta ? k0 * lda + i0 : i0 * lda + k0);
+        // A short k block (kc <= 128) makes each tile's work short next to its store: the row strips go outside
+        // so that C is written along its rows (write-allocate misses the prefetcher sees), B's block read from
+        // L2 past one strip of A. A long one keeps a micro-panel of B in L1 and streams A's strips past it.
+        const bool rows_outer = kc <= 128;
+        const int64_t outer = rows_outer ? mc : nc, inner = rows_outer ? nc : mc;
+        for (int64_t u = 0; u < outer; u += rows_outer ? kTcMr : kTcNr) {
+          for (int64_t v = 0; v < inner; v += rows_outer ? kTcNr : kTcMr) {
+            const int64_t i = rows_outer ? u : v, j = rows_outer ? v : u;
+            const int64_t rows = std::min<int64_t>(kTcMr, mc - i), width = std::min<int64_t>(kTcNr, nc - j);
+            const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
+            const float* ai = a + (ta ? i : i * lda);
+            const float* b = pack ? bp + (j / kTcNr) * kc * kTcNr : B + k0 * ldb + j0 + j;
+            const int64_t ldp = pack ? kTcNr : ldb;
+            float* c = C + (i0 + i) * ldc + j0 + j;
+            if (ta) tc_sgemm_tile<true>(rows, kc, ai, lda, b, ldp, c, ldc, m0, m1, k0 > 0);
+            else tc_sgemm_tile<false>(rows, kc, ai, lda, b, ldp, c, ldc, m0, m1, k0 > 0);
+          }
+        }
       }
-      if (brows && ta) tc_sgemm_panel<true, true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, brows + k0);
-      else if (brows) tc_sgemm_panel<false, true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0, brows + k0);
-      else if (ta) tc_sgemm_panel<true>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
-      else tc_sgemm_panel<false>(M, kc, a, lda, b, ldp, C + j, ldc, width, k0 > 0);
     }
   }
 }
