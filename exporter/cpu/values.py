@@ -134,6 +134,9 @@ class CppEmitter:
             tmpl = table.get(v.op) or OPS.get(v.op)
             if v.op == "where" and _positive_zero(v.args[2]) and CTYPE[v.dtype] in ("float", "double"):
                 tmpl = "tc_keep({a}, {b})"
+            elif (v.op == "where" and isinstance(v.args[2], ir.Const) and v.args[2].dtype == v.dtype
+                  and CTYPE[v.dtype] in ("float", "double")):
+                tmpl = "tc_keep_or({a}, {b}, {c})"
             if tmpl is None:
                 raise NotImplementedError(f"no C++ rendering for op {v.op!r}")
             t = CTYPE[v.dtype]

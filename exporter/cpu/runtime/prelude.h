@@ -40,8 +40,10 @@ typedef void (*tc_dgemm_fn)(int, int, int, int, int, int, double, const double*,
                             double*, int);
 enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
 
-template <typename T> TC_INLINE T tc_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <typename T> TC_INLINE T tc_min(T a, T b) { return (a != a || a < b) ? a : b; }
+// NaN-propagating max / min. Written so that gcc sees a max (min) pattern behind one NaN test: the form
+// ``(a != a || a > b) ? a : b`` left a loop of stride-2 loads scalar (a max pool's row: "no vectype").
+template <typename T> TC_INLINE T tc_max(T a, T b) { return b != b ? b : (a < b ? b : a); }
+template <typename T> TC_INLINE T tc_min(T a, T b) { return b != b ? b : (b < a ? b : a); }
 template <typename T> TC_INLINE T tc_relu(T a) { return (a != a || a > T(0)) ? a : T(0); }
 // c ? x : +0 as a bit mask, for a window's padding: gcc sinks the load of a select on a loop-invariant condition
 // under that condition and then leaves the loop scalar (a masked load it cannot vectorise); the mask keeps it wide
@@ -50,6 +52,17 @@ TC_INLINE float tc_keep(bool c, float x) {
 }
 TC_INLINE double tc_keep(bool c, double x) {
   uint64_t u; std::memcpy(&u, &x, 8); u &= uint64_t(0) - static_cast<uint64_t>(c); std::memcpy(&x, &u, 8); return x;
+}
+// c ? x : y for a constant y (a max pool's -inf padding), by the same bit mask
+TC_INLINE float tc_keep_or(bool c, float x, float y) {
+  uint32_t u, v; std::memcpy(&u, &x, 4); std::memcpy(&v, &y, 4);
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  u = (u & m) | (v & ~m); std::memcpy(&x, &u, 4); return x;
+}
+TC_INLINE double tc_keep_or(bool c, double x, double y) {
+  uint64_t u, v; std::memcpy(&u, &x, 8); std::memcpy(&v, &y, 8);
+  const uint64_t m = uint64_t(0) - static_cast<uint64_t>(c);
+  u = (u & m) | (v & ~m); std::memcpy(&x, &u, 8); return x;
 }
 template <typename T> TC_INLINE T tc_sign(T a) { return T((T(0) < a) - (a < T(0))); }
 TC_INLINE int64_t tc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
