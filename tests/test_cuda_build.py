@@ -199,7 +199,9 @@ def test_verify_runs_a_cuda_only_package_in_the_interpreter_without_a_gpu():
 
 
 @pytest.mark.parametrize("name, path, shape", [("mlp", EXAMPLES / "mlp.py", (3, 64)),
-                                               ("hf_gpt2", MODELS / "hf_gpt2.py", (2, 5))])
+                                               # 20 s in the interpreter: -m long (CI's 30 minutes on 2 cores)
+                                               pytest.param("hf_gpt2", MODELS / "hf_gpt2.py", (2, 5),
+                                                            marks=pytest.mark.long)])
 def test_bfloat16_kernels_match_eager_in_the_interpreter(name, path, shape):
     """bf16 GEMMs read their operands natively (tl.dot), accumulate in float32 and round once."""
     from tcexport.loader.dtypes import numpy_dtype
