@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from tcexport.exporter import export
-from tcexport.exporter.cpu.interior import interior, invariant_parts
+from tcexport.exporter.cpu.interior import hoisted_clamps, interior, invariant_parts
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import ovar
 from tcexport.loader import load
@@ -47,6 +47,24 @@ def test_the_interior_is_where_every_edge_test_holds_and_folds_them():
     assert ir.Load("float32", "k", (o1,)) in parts
     assert any("ge(index(o1 - 1), 0)" in str(p) for p in parts)
     assert not any("o2" in str(p) for p in parts)
+
+
+def test_a_clamp_that_does_not_change_along_the_loop_is_computed_before_it():
+    """The row clamp left in the interior's index (Max(0, o1 - 1)) becomes a name computed before the loop, so that
+    the load is affine in o2 (gcc left the row of a stride-2 phase copy scalar while the clamp sat in the index);
+    one clamp read twice is one name, and a name already in use is not taken."""
+    o1, o2 = ovar(1), ovar(2)
+    taken = sympy.Symbol("_h0", integer=True)
+    body = ir.Op("float32", "add", (_window_tap("x", o1 - 1, 2 * o2 - 3, 9, 20),
+                                    ir.Op("float32", "add", (_window_tap("x", o1 - 1, 2 * o2 + 1, 9, 20),
+                                                             ir.Load("float32", "y", (taken, o2))))))
+    inside = interior([body], o2)
+    bodies, clamps = hoisted_clamps(inside.bodies, o2)
+    assert [(str(sym), e) for sym, e in clamps] == [("_h1", sympy.Max(0, o1 - 1))]
+    text = str(bodies[0])
+    assert "Max" not in text and "x[o0, _h1, 2*o2 - 3]" in text and "x[o0, _h1, 2*o2 + 1]" in text, text
+    assert "y[_h0, o2]" in text
+    assert hoisted_clamps(inside.bodies, o1)[1] == []  # along o1 the clamp changes: it stays
 
 
 def test_a_loop_with_no_edge_test_or_a_test_it_cannot_solve_stays_whole():

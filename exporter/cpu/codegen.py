@@ -16,7 +16,7 @@ from torch.utils._sympy.functions import FloorDiv
 from tcexport.formats.abi import DESCRIPTOR_SYMBOL, ISA_MACRO, ISA_PLACEHOLDER
 
 from tcexport.exporter.cpu import attention
-from tcexport.exporter.cpu.interior import interior, invariant_parts
+from tcexport.exporter.cpu.interior import hoisted_clamps, interior, invariant_parts
 from tcexport.exporter.cpu.values import (CTYPE, HALF_CONVERSIONS, STORAGE_CTYPE, CppEmitter, cconst, cindex,
                                           loaded, stored)
 from tcexport.exporter.ir import loops as ir
@@ -265,9 +265,11 @@ class CppKernelWriter:
         # what does not change along the interior is computed before it (gcc keeps a load it cannot prove
         # loop-invariant, a weight behind a lambda's captured pointer, in the loop and then leaves it scalar), and
         # only when the interior runs, as the loop would have read it
+        bodies, clamps = hoisted_clamps(inside.bodies, ovar(d))
         before = CppEmitter(self.prog, {}, ind, self.names)
+        before.lines += [f"{ind}const int64_t {cindex(sym)} = {cindex(e)};" for sym, e in clamps]
         written = {s.node.out.name for s in k.stages}
-        for b in inside.bodies:
+        for b in bodies:
             for x in invariant_parts(b, ovar(d), written):
                 before.emit(x)
         return ([f"{indent}auto tc_edge = [&](int64_t {v}) {{"] + stages(ind) + [
@@ -277,7 +279,7 @@ class CppKernelWriter:
             f"{indent}for (int64_t {v} = 0; {v} < tc_in_lo; ++{v}) tc_edge({v});",
             f"{indent}if (tc_in_lo < tc_in_hi) {{"] + before.lines + [
             f"{ind}for (int64_t {v} = tc_in_lo; {v} < tc_in_hi; ++{v}) {{"]
-            + stages(ind + "  ", {id(s): b for s, b in zip(k.stages, inside.bodies)}, before.memo) + [
+            + stages(ind + "  ", {id(s): b for s, b in zip(k.stages, bodies)}, before.memo) + [
             f"{ind}}}",
             f"{indent}}}",
             f"{indent}for (int64_t {v} = tc_in_hi; {v} < {n}; ++{v}) tc_edge({v});"])

@@ -153,3 +153,31 @@ def invariant_parts(v: ir.Value, var, written: set) -> list:
 
     visit(v)
     return out
+
+
+def hoisted_clamps(bodies: tuple, var) -> tuple[tuple, list]:
+    """``bodies`` with each ``Max``/``Min`` in a load's index that is the same along the loop over ``var`` (the
+    clamp of a window's row, ``x[min(223, max(0, 2*y - 1)), 2*z - 1]``) replaced by a name, and the (name,
+    expression) pairs to compute before the loop. gcc does not see such a clamp as invariant and leaves the load
+    behind it scalar ("complicated access pattern"): a stride-2 phase copy's row ran at 0.7 GB/s."""
+    taken = {str(x) for b in bodies for v in ir.walk(b) if isinstance(v, ir.Load)
+             for i in v.index for x in sympy.sympify(i).free_symbols}
+    names: dict = {}
+
+    def sub(e):
+        if isinstance(e, (sympy.Max, sympy.Min)) and var not in e.free_symbols:
+            if e not in names:
+                k = len(names)
+                while f"_h{k}" in taken:
+                    k += 1
+                names[e] = sympy.Symbol(f"_h{k}", integer=True)
+                taken.add(f"_h{k}")
+            return names[e]
+        return e.func(*[sub(a) for a in e.args]) if e.args else e
+
+    def fn(x):
+        if isinstance(x, ir.Load):
+            return replace(x, index=tuple(sub(sympy.sympify(i)) for i in x.index))
+        return x
+
+    return tuple(ir.map_values(b, fn) for b in bodies), [(sym, e) for e, sym in names.items()]
