@@ -433,9 +433,11 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
   }
   // 64-byte aligned inside the buffer (std::vector's own alignment is 16)
   float* bp = pack ? buf.data() + ((64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64) / sizeof(float) : nullptr;
-  // few rows use each packed micro-panel only M / 8 times, and a transposed B (a Linear's weight) ran no faster
-  // packed a block at a time: there each micro-panel is packed just before its use, still in L1
-  const int64_t nc_max = M <= 2 * kTcMr || tb ? kTcNr : kTcNc;
+  // few rows use each packed micro-panel only M / 8 times, and a transposed B (a Linear's weight) with up to
+  // kTcMc rows of A ran no faster packed a block at a time: there each micro-panel is packed just before its
+  // use, still in L1. With more rows A leaves L2, and each narrow panel would stream all of it again (BERT-base
+  // at batch 8: 1024 x 768 x 3072 0.87x the time with whole blocks).
+  const int64_t nc_max = M <= 2 * kTcMr || (tb && M <= kTcMc) ? kTcNr : kTcNc;
   for (int64_t j0 = 0; j0 < N; j0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - j0);
     for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
