@@ -18,8 +18,8 @@ for d in exporter packager loader formats serving; do ln -sfn "$PWD/$d" "$ns/tce
 ls .device-wheels/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target "$ns" .device-wheels/*.whl
 export PYTHONPATH="$ns:$PWD:$PWD/tests" TCEXPORT_CACHE="${TCEXPORT_CACHE:-$PWD/.device-cache}"
 out=${OUT:-bench/results}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]*' | tr H h)
-gpu=${gpu:-gpu}  # h100 or h200: the results say which card measured them
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr H h)
+gpu=${gpu:-gpu}  # h100 or h200 (the first H-number of the name: "H100 80GB HBM3" also has an H in HBM3)
 step=${1:?tests, decode B, probe NAME or zoo S}
 case "$step" in
   tests)
