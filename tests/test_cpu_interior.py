@@ -52,17 +52,18 @@ def test_the_interior_is_where_every_edge_test_holds_and_folds_them():
 def test_a_clamp_that_does_not_change_along_the_loop_is_computed_before_it():
     """The row clamp left in the interior's index (Max(0, o1 - 1)) becomes a name computed before the loop, so that
     the load is affine in o2 (gcc left the row of a stride-2 phase copy scalar while the clamp sat in the index);
-    one clamp read twice is one name, and a name already in use is not taken."""
+    one clamp read twice is one name, and a name already in use (a load's, a shape symbol's) is not taken."""
     o1, o2 = ovar(1), ovar(2)
-    taken = sympy.Symbol("_h0", integer=True)
+    taken, shape = sympy.Symbol("_h0", integer=True), sympy.Symbol("_h1", integer=True)
+    extra = ir.Op("float32", "add", (ir.Load("float32", "y", (taken, o2)),
+                                     ir.Op("float32", "cast", (ir.IndexValue("int64", shape),))))
     body = ir.Op("float32", "add", (_window_tap("x", o1 - 1, 2 * o2 - 3, 9, 20),
-                                    ir.Op("float32", "add", (_window_tap("x", o1 - 1, 2 * o2 + 1, 9, 20),
-                                                             ir.Load("float32", "y", (taken, o2))))))
+                                    ir.Op("float32", "add", (_window_tap("x", o1 - 1, 2 * o2 + 1, 9, 20), extra))))
     inside = interior([body], o2)
     bodies, clamps = hoisted_clamps(inside.bodies, o2)
-    assert [(str(sym), e) for sym, e in clamps] == [("_h1", sympy.Max(0, o1 - 1))]
+    assert [(str(sym), e) for sym, e in clamps] == [("_h2", sympy.Max(0, o1 - 1))]
     text = str(bodies[0])
-    assert "Max" not in text and "x[o0, _h1, 2*o2 - 3]" in text and "x[o0, _h1, 2*o2 + 1]" in text, text
+    assert "Max" not in text and "x[o0, _h2, 2*o2 - 3]" in text and "x[o0, _h2, 2*o2 + 1]" in text, text
     assert "y[_h0, o2]" in text
     assert hoisted_clamps(inside.bodies, o1)[1] == []  # along o1 the clamp changes: it stays
 
