@@ -1,6 +1,6 @@
 """A convolution's GEMM on the CPU reads its taps from a zero-padded, phase-split copy of its input instead of
 im2col's columns (exporter/schedule/window_gemm.py): strides, dilations, uneven padding and 1-D windows all match
-eager at every batch, through the AVX-512 kernel (rows read in place) and the BLAS of an older ISA (rows gathered);
+eager at every batch, through the AVX-512 kernel (rows gathered as it packs) and the BLAS of an older ISA (rows copied);
 windows where a copy does not pay (1x1, a patchify, many dropped columns per output) keep im2col."""
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ instead, through one zero-padded copy of x laid out by stride phase (s: the stri
 
 in which tap (ki, kj) of output (oh, ow) is xp[n, ci, (ki*d) % s, (kj*d) % s, oh + (ki*d) // s, ow + (kj*d) // s]
 (d: the dilation). For one channel and tap, a row of B is then a run of xp that starts at an offset of the row's
-own: ``ir.GemmOperand.rows``, which the C++ GEMM reads in place. The columns walk the output's rows at xp's row
-pitch Q (>= the output's width W), so each output row carries Q - W columns that are computed and dropped: the
-GEMM writes a [n, Cout, H, Q] product and the epilogue (bias, activation, residual), a kernel of its own then,
+own: ``ir.GemmOperand.rows``, which the C++ GEMM reads through that table. The columns walk the output's rows at
+xp's row pitch Q (>= the output's width W), so each output row carries Q - W columns that are computed and dropped:
+the GEMM writes a [n, Cout, H, Q] product and the epilogue (bias, activation, residual), a kernel of its own then,
 reads it at that pitch and writes the output at its own. A 1-D convolution (Whisper's) needs no such columns.
 
 Taken where it pays: the copy is smaller than cols (a 1x1 window, or a patchify whose stride equals its window,

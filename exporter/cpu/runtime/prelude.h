@@ -425,10 +425,12 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
     return;
   }
   // a row-major B is read in place by a product of few rows: each of its rows would be copied for M / 8 uses
-  const bool pack = tb || brows || M > 2 * kTcMr;
+  const bool few_rows = M <= 2 * kTcMr;
+  const bool pack = tb || brows || !few_rows;
   static thread_local std::vector<float> buf;
   if (pack) {
-    const size_t need = static_cast<size_t>(std::min(kTcKc, K) * std::min(kTcNc, (N + kTcNr - 1) / kTcNr * kTcNr)) + 16;
+    const int64_t width = std::min(kTcNc, (N + kTcNr - 1) / kTcNr * kTcNr);
+    const size_t need = static_cast<size_t>(std::min(kTcKc, K) * width) + 16;
     if (buf.size() < need) buf.resize(need);
   }
   // 64-byte aligned inside the buffer (std::vector's own alignment is 16)
@@ -437,7 +439,7 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
   // kTcMc rows of A ran no faster packed a block at a time: there each micro-panel is packed just before its
   // use, still in L1. With more rows A leaves L2, and each narrow panel would stream all of it again (BERT-base
   // at batch 8: 1024 x 768 x 3072 0.87x the time with whole blocks).
-  const int64_t nc_max = M <= 2 * kTcMr || (tb && M <= kTcMc) ? kTcNr : kTcNc;
+  const int64_t nc_max = few_rows || (tb && M <= kTcMc) ? kTcNr : kTcNc;
   for (int64_t j0 = 0; j0 < N; j0 += nc_max) {
     const int64_t nc = std::min(nc_max, N - j0);
     for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
@@ -523,8 +525,8 @@ struct tc_gemm_split {
 // GEMM through the BLAS the loader passes in (single-threaded: one thread pool, ours, runs the whole graph),
 // or for float32 on AVX-512 through tc_sgemm_own. The work is split across the pool's threads (tc_gemm_split, runtime/pool.h);
 // each piece is one BLAS call (or one own-kernel call) on a contiguous slice. With ``brows`` (B not transposed),
-// B's row k is at B + brows[k] (a convolution's taps over its padded input): the own kernel reads them in place,
-// a BLAS call gets them copied into rows of this thread's scratch first.
+// B's row k is at B + brows[k] (a convolution's taps over its padded input): the own kernel gathers them as it
+// packs B's micro-panels, a BLAS call gets them copied into contiguous rows of the piece's own first.
 template <typename T, typename Gemm>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
                     bool ta, const T* A, int64_t lda, int64_t a_batch,
