@@ -159,3 +159,27 @@ def test_a_range_split_three_ways_needs_three_captures_to_cover():
     point = range_check.uncovered([a, b], ranges)
     assert point is not None and (point["size"] - 1) % 2 == 0 and ((point["size"] - 1) // 2) % 2 == 1
     assert range_check.uncovered([a, b, [f(0), sympy.Not(f(1))]], ranges) is None
+
+
+class _SquaresModThree(nn.Module):
+    """``seq * seq % 3 != 2`` holds for every integer (squares are 0 or 1 mod 3), but torch cannot prove it; its
+    ``Dim.DYNAMIC`` capture then starts seq at 2 (0/1 specialisation), as torch 2.11 did for grouped-query
+    attention's ``min(16*seq, 32*seq) == 16*seq``, and a package from it refused one token."""
+
+    def forward(self, x):
+        s = x.shape[1]
+        if (s * s) % 3 != 2:
+            return x * 2
+        return x * 3
+
+
+def test_a_range_from_one_keeps_size_one_when_torch_cannot_prove_a_true_guard():
+    pkg = export(_SquaresModThree(), (torch.randn(2, 12),), {"x": {0: ("batch", 1, 4), 1: ("seq", 1, 64)}},
+                 name="squares", cache_dir=WORK / "cache")
+    assert [(s.name, s.min, s.max) for s in pkg.manifest.symbols] == [("batch", 1, 4), ("seq", 1, 64)]
+    path = WORK / "squares.tcpkg"
+    pkg.save(path)
+    model = L.load(path)
+    for shape in [(1, 1), (3, 2), (4, 64), (2, 5)]:
+        x = np.random.default_rng(shape[1]).standard_normal(shape, dtype=np.float32)
+        np.testing.assert_array_equal(model(x), 2 * x)

@@ -113,6 +113,25 @@ def _patch_bf16_dot() -> None:
     builder.create_dot = create_dot
 
 
+def _patch_scalar_index() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with ``int(data)`` on its one-element array,
+    which numpy 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"): every
+    ``range(tl.cdiv(K, BK))`` in a generated kernel failed there. Triton 3.9 squeezes first; do the same on
+    older versions. Only this interpreter process is touched."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_tcexport", False):
+        return
+
+    def patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(())))
+
+    patch_lang_tensor._tcexport = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
 def load_module(source: str):
     """Import generated Triton source in interpreter mode, with numpy libdevice."""
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
@@ -127,6 +146,7 @@ def load_module(source: str):
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         _patch_bf16_dot()
+        _patch_scalar_index()
     module.libdevice = _NumpyLibdevice()
     return module
 

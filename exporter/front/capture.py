@@ -231,6 +231,10 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
             state.lift_buffer_aliases(ep, spec.module)
     except Exception:  # this capture fails differently: torch's fix stands
         return None
+    if _raised_minimum(ep, spec, symbols, places, trusted):
+        deferred = _export_deferring(spec, symbols, places, accepted, trusted, decompose)
+        if deferred is not None:
+            return deferred
     failing = range_check.failing_guard(ep, range_check.same_sizes(ep, spec.input_names, places, trusted))
     if failing is not None:
         found = _same_program_across(spec, ep, symbols, places, accepted, trusted)
@@ -244,6 +248,39 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
         return (_decomposed(ep) if decompose else ep), shapes
     accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; each "
                           f"was checked at every size in the range and holds, so the range stands")
+    return (_decomposed(ep) if decompose else ep), shapes
+
+
+def _raised_minimum(ep, spec: ModelSpec, symbols, places, trusted) -> bool:
+    """Whether the ``Dim.DYNAMIC`` capture starts a trusted symbol above its declared minimum: torch 2.11 gives
+    such a symbol size 1 no place in its range (0/1 specialisation), so a package from it refuses one token."""
+    names = range_check.user_symbols(ep, spec.input_names, places, trusted)
+    for sym, vr in ep.range_constraints.items():
+        user = names.get(sympy.sympify(sym))
+        if user is not None and vr.lower.is_finite and int(vr.lower) > max(symbols[user.name].min, 0):
+            return True
+    return False
+
+
+def _export_deferring(spec: ModelSpec, symbols, places, accepted, trusted, decompose: bool):
+    """Export with the declared ``Dim``s and the guards torch cannot prove deferred to runtime asserts (torch
+    2.11 raises ``min(16*seq, 32*seq) == 16*seq`` for grouped-query attention and cannot prove it; it holds for
+    every size). Keep the capture when every guard and assert holds at every size of the declared ranges (the
+    package still checks the asserts, as it checks any), else None."""
+    shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
+                                             accepted.rewrites)
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False,
+                                     prefer_deferred_runtime_asserts_over_guards=True)
+            state.lift_buffer_aliases(ep, spec.module)
+    except Exception:  # this capture fails differently: the Dim.DYNAMIC one stands
+        return None
+    if range_check.failing_guard(ep) is not None or _raised_minimum(ep, spec, symbols, places, trusted):
+        return None
+    accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; "
+                          f"exported with them as runtime asserts, each checked at every size in the range, where "
+                          f"it holds, so the range stands")
     return (_decomposed(ep) if decompose else ep), shapes
 
 

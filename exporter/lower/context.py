@@ -131,7 +131,10 @@ class Lowering:
         states: dict[str, ir.Buffer] = {}  # state name -> its input buffer (two placeholders may name one buffer)
         user_k = 0
         missing: list[UnsupportedOpError] = []
+        skipped = assert_only(ep.graph)
         for node in ep.graph.nodes:
+            if node in skipped:
+                continue
             self.current = node
             if node.op == "placeholder":
                 spec = kinds[node.name]
@@ -276,7 +279,22 @@ _SYM_OPS = {
     torch.sym_float: lambda a: a,  # a size used as a float (layer_norm over a symbolic dim): still exact
     # a ratio of sizes (interpolate to a symbolic size: its scale): an exact rational, rounded where it is used
     operator.truediv: lambda a, b: sympy.sympify(a) / sympy.sympify(b),
+    torch.sym_min: lambda a, b: sympy.Min(a, b), torch.sym_max: lambda a, b: sympy.Max(a, b),
 }
+_ASSERTS = (torch.ops.aten._assert_scalar.default,)
+
+
+def assert_only(graph: torch.fx.Graph) -> set:
+    """The runtime asserts, and the size arithmetic that feeds only them or nothing (what an assert torch deferred
+    computes, front/capture.py _export_deferring; decomposition may drop the assert and leave its inputs). The
+    package checks those asserts as guards (relations.collect_guards), so nothing of them is lowered."""
+    out = set()
+    for node in reversed(graph.nodes):
+        if node.op == "call_function" and (node.target in _ASSERTS or
+                                           (all(u in out for u in node.users)
+                                            and not isinstance(node.meta.get("val"), torch.Tensor))):
+            out.add(node)
+    return out
 
 
 def eliminate_dead_nodes(prog: ir.Program) -> None:
