@@ -14,6 +14,7 @@ Generic passes, in order (after merging duplicate nodes and folding copies into 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
@@ -190,7 +191,87 @@ def simplify_in_ranges(e, ranges: dict) -> sympy.Expr:
     if not e.has(FloorDiv, ModularIndexing):
         return e
     used = {v: r for v, r in ranges.items() if v in e.free_symbols}
-    return sympy.expand(_sizevars().simplify_with_ranges(e, used)) if used else e
+    if not used:
+        return e
+    e = sympy.expand(_sizevars().simplify_with_ranges(e, used))
+    return _divisions_in_ranges(e, used) if e.has(FloorDiv, ModularIndexing) else e
+
+
+def _divisions_in_ranges(e, ranges: dict) -> sympy.Expr:
+    """What inductor's simplifier left (torch 2.11's keeps ``(d + 16*n + 16*seq*b) // (16*seq)`` whole, 2.13's
+    does not), by one rule: ``(c*Y + R) // (k*c)`` is ``Y // k`` when 0 <= R < c over the ranges (c may hold
+    symbols; k a positive integer), and a ModularIndexing likewise; innermost first."""
+    def floordiv(x, d):
+        x, d = sympy.expand(x), sympy.sympify(d)
+        terms = sympy.Add.make_args(x)
+        if len(terms) > 6:
+            return None
+        for size in range(len(terms), 0, -1):
+            for big in itertools.combinations(terms, size):
+                # c: what the terms share apart from their index variables (16*seq of 16*seq*b)
+                c = functools.reduce(sympy.gcd, (t.as_independent(*ranges, as_Add=False)[0] for t in big))
+                k = sympy.simplify(d / c)
+                rest = sympy.expand(x - sum(big))
+                if not (k.is_Integer and k > 0) or not _within(rest, c, ranges):
+                    continue
+                y = sympy.expand(sum(big) / c)
+                return y if k == 1 else FloorDiv(y, k)
+        return None
+
+    def visit(v):
+        if not isinstance(v, sympy.Basic) or not v.args:
+            return v
+        v = v.func(*(visit(a) for a in v.args))
+        if isinstance(v, FloorDiv):
+            return floordiv(*v.args) or v
+        if isinstance(v, ModularIndexing):
+            x, d, m = v.args
+            q = floordiv(x, d)
+            if q is None:
+                return v
+            top = _top(q, ranges)
+            return q if top is not None and _nonnegative(m - 1 - top) else ModularIndexing(q, 1, m)
+        return v
+
+    return sympy.expand(visit(e))
+
+
+def _top(e, ranges: dict):
+    """The greatest value of ``e`` over the ranges when it is linear with nonnegative coefficients, else None."""
+    e = sympy.expand(e)
+    if not e.is_polynomial(*ranges) or any(sympy.degree(e, v) > 1 for v in ranges if v in e.free_symbols):
+        return None
+    low = e.xreplace({v: 0 for v in ranges})
+    if not _nonnegative(low):
+        return None
+    top = low
+    for v in e.free_symbols & set(ranges):
+        c = e.coeff(v)
+        if c.free_symbols & set(ranges) or not _nonnegative(c):
+            return None
+        top += c * (ranges[v] - 1)
+    return sympy.expand(top)
+
+
+def _within(rest, c, ranges: dict) -> bool:
+    """0 <= rest < c over the ranges (rest linear with nonnegative coefficients)."""
+    top = _top(rest, ranges)
+    return top is not None and _nonnegative(c - 1 - top)
+
+
+def _nonnegative(e) -> bool:
+    """True when ``e`` (a polynomial in positive shape symbols and index variables) is >= 0 for every value
+    they take: every coefficient in the shifted symbols (s = 1 + s') is >= 0."""
+    e = sympy.expand(sympy.sympify(e))
+    if e.is_Number:
+        return bool(e >= 0)
+    syms = sorted(e.free_symbols, key=str)
+    if any(not s.is_integer or not s.is_nonnegative for s in syms):
+        return False
+    shifted = sympy.expand(e.xreplace({s: s + 1 for s in syms if s.is_positive}))
+    if not shifted.is_polynomial(*syms):
+        return False
+    return all(coef >= 0 for coef in sympy.Poly(shifted, *syms).coeffs())
 
 
 def _copied(p: ir.Node, acc: str) -> ir.Load | None:
