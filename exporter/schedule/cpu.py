@@ -6,7 +6,8 @@ replaces three. Measured against the three kernels, 1 and 2 threads (scratch A/B
 encoder 0.89-0.98x at 64-512 tokens, a Llama-style decoder over a 1088-entry cache 0.38x / 0.65x at prefill
 128 / 1024 and 0.40x / 0.61x a decode step at context 128 / 1024. Heads wider than the renderer's stack blocks
 keep the three kernels. A window sum with many clamped taps (a depthwise convolution) reads a zero-padded copy
-of its input (pad_windows.py); a convolution's GEMM reads its taps from a zero-padded copy of its input instead
+of its input (pad_windows.py), and one over rows shorter than a vector runs along that copy's rows laid end to end
+(window_planes.py); a convolution's GEMM reads its taps from a zero-padded copy of its input instead
 of im2col's columns (window_gemm.py).
 """
 
@@ -17,6 +18,7 @@ from tcexport.exporter.ir.kernels import Kernel, verify_kernels
 from tcexport.exporter.schedule.attention import attention_triples
 from tcexport.exporter.schedule.pad_windows import pad_windows
 from tcexport.exporter.schedule.window_gemm import window_gemm
+from tcexport.exporter.schedule.window_planes import window_planes
 
 
 def schedule_cpu(prog: ir.Program, kernels: list[Kernel], supported) -> list[Kernel]:
@@ -30,5 +32,6 @@ def schedule_cpu(prog: ir.Program, kernels: list[Kernel], supported) -> list[Ker
             out.remove(b)
     out = window_gemm(prog, out)
     out = pad_windows(prog, out)
+    out = window_planes(prog, out)
     verify_kernels(out)
     return out
