@@ -203,8 +203,11 @@ def markdown(table: dict) -> str:
     for r in rows:
         size = f"{r['size'] / 1e6:.2f} MB" if r.get("size") else ""
         err = f"{r['max_error']:.1e}" if r.get("max_error") is not None else ""
-        lines.append(f"| {r['model']} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
+        lines.append(f"| {r['model']}{' †' if r.get('from') else ''} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
                      f"{r.get('export_s', '')} | {size} | {err} |" + "".join(f" {_mark(r.get(p))} |" for p in peers))
+    earlier = sorted({r["from"] for r in rows if r.get("from")})
+    if earlier:
+        lines += ["", f"† not rerun here: the row is from the merged table ({'; '.join(earlier)})."]
     notes = [r for r in rows if r.get("note")]
     if notes:
         lines += ["", "## Notes", "", *[f"- **{r['model']}**: {r['note']}" for r in notes]]
@@ -262,7 +265,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TCEXPORT_CACHE", str(Path(tempfile.gettempdir()) / "tcexport-zoo-cache"))
     names = [n for n in args.models.split(",") if n] or list(_zoo().ZOO)
     old = json.loads(Path(args.merge).read_text()) if args.merge else None
-    by_name = {r["model"]: r for r in (old["rows"] if old else [])}
+    # rows this run does not redo keep where they were measured: the table's machine and date are this run's
+    by_name = {r["model"]: {**r, "from": r.get("from") or f"{old['machine']}, {old['date']}"}
+               for r in (old["rows"] if old else [])}
     end = time.monotonic() + args.deadline if args.deadline else float("inf")
 
     def work(name: str) -> dict:
@@ -283,8 +288,7 @@ def main(argv=None) -> int:
     from bench.run import machine_name
 
     order = list(_zoo().ZOO)
-    table = {"machine": old["machine"] if old else machine_name(args.device),
-             "date": old["date"] if old else datetime.date.today().isoformat(),
+    table = {"machine": machine_name(args.device), "date": datetime.date.today().isoformat(),
              "command": "python -m bench.zoo_table " + " ".join(argv if argv is not None else sys.argv[1:]),
              **_versions(args.device), **({"device": _device_name()} if args.device == "cuda" else {}),
              "rows": sorted(by_name.values(), key=lambda r: order.index(r["model"]))}
