@@ -33,12 +33,14 @@ def window_planes(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
     out = []
     for k in kernels:
         planes, stages = [], []
+        made_here = {s.node.out.name for s in k.stages}  # the plane runs before k: it must not read these
         for s in k.stages if k.kind == "loops" else ():
             found = _plane(prog, s.node)
-            if found is None:
+            if found is None or ir.reads(found[0].body) & made_here:
                 stages.append(s)
                 continue
             plane, copy = found
+            prog.buffers[plane.out.name] = plane.out
             kernel = new_kernel(plane, 0)
             kernel.name = f"{k.name}_plane{len(planes) or ''}"
             planes.append(kernel)
@@ -82,8 +84,7 @@ def _plane(prog: ir.Program, node: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     length = (H - 1) * P + W
     q = ir.ivar(r - 2)
     name = f"{node.out.name}_plane"
-    buf = ir.Buffer(name, node.out.dtype, tuple(node.ranges[:-2]) + (length,), "temp")
-    prog.buffers[name] = buf
+    buf = ir.Buffer(name, node.out.dtype, tuple(node.ranges[:-2]) + (length,), "temp")  # prog's once taken
 
     def along_rows(v):
         if not (isinstance(v, ir.Load) and v in reads):
