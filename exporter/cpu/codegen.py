@@ -387,7 +387,7 @@ class CppKernelWriter:
             lines.append(f"  std::vector<{t}> tc_acc(static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
             out = "tc_acc.data()"
         scratch = "tc_acc" if node.out.dtype != acc else None
-        fused = self._block_epilogue(node, scratch) if node.body is not None else None
+        fused = self._tile_epilogue(node, scratch) if node.body is not None else None
         if fused:
             lines += fused
             rows = (rows or ", nullptr") + ", tc_epi"
@@ -400,30 +400,27 @@ class CppKernelWriter:
             lines += self._epilogue(node, scratch)
         return lines
 
-    def _block_epilogue(self, node: ir.Node, acc: str | None) -> list[str] | None:
+    def _tile_epilogue(self, node: ir.Node, acc: str | None) -> list[str] | None:
         """The epilogue as ``tc_epi(b, r0, r1, c0, c1)``, which tc_gemm runs on each block of C as it is finished
-        (runtime/prelude.h), inside the GEMM's own parallel region: each block of the AVX-512 kernel while it is
-        in L2 (up to 256 x 1024), each thread's piece of a BLAS call; a pass of its own cost a second fork/join
-        per GEMM. None where the body reads the product other than at its own element, or checks indices."""
+        (runtime/prelude.h): each block of the own AVX-512 kernel while it is in L2 (up to 256 x 1024), each thread's piece of a
+        BLAS call. A separate pass read all of C back from L2 or L3 (BERT-base's 1024 x 3072 FFN output at batch
+        8 is 12 MB). None where the body reads the product other than at its own element, or checks indices."""
         rank = len(node.ranges)
         own = tuple(ir.ivar(d) for d in range(rank))
         if rank not in (2, 3) or self.checked or any(
                 isinstance(v, ir.Load) and v.buffer == node.out.name and
                 tuple(sympy.sympify(e) for e in v.index) != own for v in ir.walk(node.body)):
             return None
+        flat = node.out.flat_index(list(own))
+        em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, "        ", self.names)
+        val = em.emit(_without_final_round(node.body, node.out.dtype))
         r, c = (f"i{rank - 2}", f"i{rank - 1}")
         head = ["  auto tc_epi = [&](int64_t tc_b, int64_t tc_r0, int64_t tc_r1, int64_t tc_c0, int64_t tc_c1) {",
                 "    const int64_t i0 = tc_b; (void)i0;" if rank == 3 else "    (void)tc_b;",
                 f"    for (int64_t {r} = tc_r0; {r} < tc_r1; ++{r}) {{",
                 f"      for (int64_t {c} = tc_c0; {c} < tc_c1; ++{c}) {{"]
-        return head + self._epilogue_element(node, acc, "        ") + ["      }", "    }", "  };"]
-
-    def _epilogue_element(self, node: ir.Node, acc: str | None, indent: str) -> list[str]:
-        """One element of the epilogue at (i0, i1, ...): the product read from ``acc`` scratch when given."""
-        flat = node.out.flat_index([ir.ivar(d) for d in range(len(node.ranges))])
-        em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
-        val = em.emit(_without_final_round(node.body, node.out.dtype))
-        return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
+        store = f"        {node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"
+        return head + em.lines + [store, "      }", "    }", "  };"]
 
     @staticmethod
     def _row_offsets(op: ir.GemmOperand, lines: list) -> str:
@@ -487,9 +484,14 @@ class CppKernelWriter:
         ivars = [f"i{d}" for d in range(rank)]
         collapse = max(rank - 1, 1)
 
+        def element(indent: str) -> list[str]:
+            flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
+            em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
+            val = em.emit(_without_final_round(node.body, node.out.dtype))
+            return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
+
         def body(indent: str) -> list[str]:
-            return _nest(ivars[collapse:], node.ranges[collapse:], indent,
-                         lambda ind: self._epilogue_element(node, acc, ind))
+            return _nest(ivars[collapse:], node.ranges[collapse:], indent, element)
 
         if rank == 0:
             return body("  ")
