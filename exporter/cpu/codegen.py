@@ -386,41 +386,14 @@ class CppKernelWriter:
             assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
             lines.append(f"  std::vector<{t}> tc_acc(static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
             out = "tc_acc.data()"
-        scratch = "tc_acc" if node.out.dtype != acc else None
-        fused = self._tile_epilogue(node, scratch) if node.body is not None else None
-        if fused:
-            lines += fused
-            rows = (rows or ", nullptr") + ", tc_epi"
         lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
             f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(ga.batch_stride)},",
             f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out}{rows});",
         ]
-        if node.body is not None and not fused:
-            lines += self._epilogue(node, scratch)
+        if node.body is not None:
+            lines += self._epilogue(node, "tc_acc" if node.out.dtype != acc else None)
         return lines
-
-    def _tile_epilogue(self, node: ir.Node, acc: str | None) -> list[str] | None:
-        """The epilogue as ``tc_epi(b, r0, r1, c0, c1)``, which tc_gemm runs on each block of C as it is finished
-        (runtime/prelude.h): each block of the own AVX-512 kernel while it is in L2 (up to 256 x 1024), each thread's piece of a
-        BLAS call. A separate pass read all of C back from L2 or L3 (BERT-base's 1024 x 3072 FFN output at batch
-        8 is 12 MB). None where the body reads the product other than at its own element, or checks indices."""
-        rank = len(node.ranges)
-        own = tuple(ir.ivar(d) for d in range(rank))
-        if rank not in (2, 3) or self.checked or any(
-                isinstance(v, ir.Load) and v.buffer == node.out.name and
-                tuple(sympy.sympify(e) for e in v.index) != own for v in ir.walk(node.body)):
-            return None
-        flat = node.out.flat_index(list(own))
-        em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, "        ", self.names)
-        val = em.emit(_without_final_round(node.body, node.out.dtype))
-        r, c = (f"i{rank - 2}", f"i{rank - 1}")
-        head = ["  auto tc_epi = [&](int64_t tc_b, int64_t tc_r0, int64_t tc_r1, int64_t tc_c0, int64_t tc_c1) {",
-                "    const int64_t i0 = tc_b; (void)i0;" if rank == 3 else "    (void)tc_b;",
-                f"    for (int64_t {r} = tc_r0; {r} < tc_r1; ++{r}) {{",
-                f"      for (int64_t {c} = tc_c0; {c} < tc_c1; ++{c}) {{"]
-        store = f"        {node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"
-        return head + em.lines + [store, "      }", "    }", "  };"]
 
     @staticmethod
     def _row_offsets(op: ir.GemmOperand, lines: list) -> str:

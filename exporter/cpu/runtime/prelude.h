@@ -210,16 +210,6 @@ TC_INLINE float tc_tanh(float x) {
 
 TC_INLINE float tc_sigmoid(float x) { return 1.0f / (1.0f + tc_exp(-x)); }
 
-// A GEMM's epilogue, run on each finished block of C while it is still in cache: epi(b, r0, r1, c0, c1) rewrites
-// C[b][r0..r1) x [c0..c1) in place (the generated code's lambda: bias, activation, residual, rounding). The
-// default does nothing (the attention kernel's block products).
-struct tc_no_epilogue {
-  void operator()(int64_t, int64_t, int64_t, int64_t, int64_t) const {}
-};
-// tc_sgemm_own's view of it: a plain function and its context, so that the kernel stays one function (as a
-// template per epilogue, its inlining changed and GPT-2's GEMMs ran 4-12% slower)
-using tc_block_fn = void (*)(void* ctx, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-
 // float32 GEMM on AVX-512: our own register-blocked kernel. The loader's OpenBLAS picks its kernels by CPU
 // model and runs AVX2 ones on CPUs it does not know (AMD Zen 4/5 report "Haswell"), at half this kernel's
 // speed; small products also skip BLAS's per-call overhead (2-3 us at m = 1).
@@ -230,7 +220,6 @@ using tc_block_fn = void (*)(void* ctx, int64_t r0, int64_t r1, int64_t c0, int6
 //   while A's MR-row strips stream past it from L2. B read in place (strided rows, set conflicts in L1, no
 //   prefetch across rows) ran at half the speed once its operands came from L3, as in a model they do. A
 //   product with few rows of A reads a row-major B in place instead: its copy would cost more than its reuse.
-
 #if defined(__AVX512F__)
 constexpr int kTcMr = 8;          // rows per micro-tile
 constexpr int kTcNr = 32;         // columns per micro-tile (two zmm)
@@ -423,19 +412,16 @@ inline void tc_sgemm_pack_b(const float* B, int64_t ldb, bool tb, const int64_t*
 }
 
 // C (M x N, rows ldc apart) = op(A) op(B) on the calling thread; B row k at B + brows[k] when brows is given
-// (then not transposed). epi(r0, r1, c0, c1) runs on each block of C once its last k block is stored.
+// (then not transposed).
 inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda, bool tb,
-                         const float* B, int64_t ldb, float* C, int64_t ldc, const int64_t* brows = nullptr,
-                         tc_block_fn epi = nullptr, void* epi_ctx = nullptr) {
+                         const float* B, int64_t ldb, float* C, int64_t ldc, const int64_t* brows = nullptr) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    if (epi) epi(epi_ctx, 0, M, 0, N);
     return;
   }
   if (M == 1 && tb && !ta) {
     tc_sgemv_t(N, K, A, B, ldb, C);
-    if (epi) epi(epi_ctx, 0, 1, 0, N);
     return;
   }
   // a row-major B is read in place by a product of few rows: each of its rows would be copied for M / 8 uses
@@ -480,9 +466,6 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
             else tc_sgemm_tile<false>(rows, kc, ai, lda, b, ldp, c, ldc, m0, m1, k0 > 0);
           }
         }
-        // the block (at most mc x nc: 1 MB) is finished and still in L2; per tile, the epilogue's code inside
-        // the tile loop made GPT-2's GELU layers slower
-        if (epi && k0 + kc >= K) epi(epi_ctx, i0, i0 + mc, j0, j0 + nc);
       }
     }
   }
@@ -544,11 +527,10 @@ struct tc_gemm_split {
 // each piece is one BLAS call (or one own-kernel call) on a contiguous slice. With ``brows`` (B not transposed),
 // B's row k is at B + brows[k] (a convolution's taps over its padded input): the own kernel gathers them as it
 // packs B's micro-panels, a BLAS call gets them copied into contiguous rows of the piece's own first.
-template <typename T, typename Gemm, typename Epi = tc_no_epilogue>
+template <typename T, typename Gemm>
 inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int64_t K,
                     bool ta, const T* A, int64_t lda, int64_t a_batch,
-                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C, const int64_t* brows = nullptr,
-                    const Epi& epi = Epi()) {
+                    bool tb, const T* B, int64_t ldb, int64_t b_batch, T* C, const int64_t* brows = nullptr) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
 #if defined(__AVX512F__)
   constexpr bool own = std::is_same<T, float>::value;
@@ -570,16 +552,7 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     if (m <= 0 || n <= 0) return;
 #if defined(__AVX512F__)
     if constexpr (own) {
-      if constexpr (std::is_same<Epi, tc_no_epilogue>::value) {
-        tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N, brows);
-      } else {
-        struct Where { const Epi* epi; int64_t b, m0, n0; } where{&epi, b, m0, n0};
-        tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N, brows,
-                     [](void* p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-                       const Where& w = *static_cast<const Where*>(p);
-                       (*w.epi)(w.b, w.m0 + r0, w.m0 + r1, w.n0 + c0, w.n0 + c1);
-                     }, &where);
-      }
+      tc_sgemm_own(m, n, K, ta, a, lda, tb, bb, ldb, c, N, brows);
       return;
     }
 #endif
@@ -593,7 +566,6 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     }
     gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
          bb, (int)ld, T(0), c, (int)N);
-    epi(b, m0, m1, n0, n1);
   };
   if (split.threads > 1) {  // the pool is not used at all otherwise: a small product is done before it wakes
     const int64_t parts = split.parts;
