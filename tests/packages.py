@@ -36,5 +36,16 @@ def built(path: str, *dynamic: str) -> Path:
     return out
 
 
+def exported_with_source(module, inputs, dynamic_shapes, folder: Path):
+    """``module`` exported into ``folder`` with ``--dump`` (kernel-layout tests read the generated C++): (the
+    loaded package, its model.cpp)."""
+    from tcexport.exporter import export
+    from tcexport.loader import load
+
+    export(module, inputs, dynamic_shapes=dynamic_shapes, cache_dir=folder / "cache",
+           dump=folder / "dump").save(folder / "model.tcpkg")
+    return load(folder / "model.tcpkg"), (folder / "dump" / "model.cpp").read_text()
+
+
 def mlp_package() -> Path:
     return built(str(EXAMPLES / "mlp.py"))

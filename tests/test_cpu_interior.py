@@ -15,6 +15,7 @@ from tcexport.exporter.cpu.interior import hoisted_clamps, interior, invariant_p
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import ovar
 from tcexport.loader import load
+from packages import exported_with_source
 
 
 def _window_tap(x: str, row, col, h, w) -> ir.Value:
@@ -101,12 +102,9 @@ class _Windows(nn.Module):
 
 @pytest.fixture(scope="module")
 def windows(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("interior")
-    path = tmp / "w.tcpkg"
-    export(_Windows().eval(), (torch.randn(2, 8, 12, 12),),
-           dynamic_shapes={"x": {0: ("batch", 1, 4), 2: ("h", 1, 40), 3: ("w", 1, 40)}},
-           cache_dir=tmp / "cache", dump=tmp / "dump").save(path)
-    return load(path), (tmp / "dump" / "model.cpp").read_text()
+    return exported_with_source(_Windows().eval(), (torch.randn(2, 8, 12, 12),),
+                                {"x": {0: ("batch", 1, 4), 2: ("h", 1, 40), 3: ("w", 1, 40)}},
+                                tmp_path_factory.mktemp("interior"))
 
 
 def test_window_kernels_split_their_innermost_loop(windows):

@@ -10,10 +10,9 @@ import sympy
 import torch
 from torch import nn
 
-from tcexport.exporter import export
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.schedule.pad_windows import tap
-from tcexport.loader import load
+from packages import exported_with_source
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +42,9 @@ def _inputs(batch, seed=0):
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pad")
-    path = tmp / "dw.tcpkg"
     batch = {0: ("batch", 1, 8)}
-    export(_Depthwise().eval(), _inputs(2), dynamic_shapes={"small": batch, "mid": batch, "wide": batch},
-           cache_dir=tmp / "cache", dump=tmp / "dump").save(path)
-    return load(path), (tmp / "dump" / "model.cpp").read_text()
+    return exported_with_source(_Depthwise().eval(), _inputs(2), {"small": batch, "mid": batch, "wide": batch},
+                                tmp_path_factory.mktemp("pad"))
 
 
 def test_small_maps_read_a_padded_copy_and_wide_ones_do_not(package):

@@ -12,8 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from tcexport.exporter import export
-from tcexport.loader import load
+from packages import exported_with_source
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +40,9 @@ def _inputs(batch, seed=0):
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("planes")
-    path = tmp / "planes.tcpkg"
     batch = {0: ("batch", 1, 8)}
-    export(_Windows().eval(), _inputs(2), dynamic_shapes={"small": batch, "mid": batch, "wide": batch},
-           cache_dir=tmp / "cache", dump=tmp / "dump").save(path)
-    return load(path), (tmp / "dump" / "model.cpp").read_text()
+    return exported_with_source(_Windows().eval(), _inputs(2), {"small": batch, "mid": batch, "wide": batch},
+                                tmp_path_factory.mktemp("planes"))
 
 
 def test_short_rows_run_along_the_padded_rows(package):

@@ -225,11 +225,8 @@ def _export_checking_range(spec: ModelSpec, symbols, places, accepted, message: 
         return None
     shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
                                              accepted.rewrites, trusted=trusted)
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False)
-            state.lift_buffer_aliases(ep, spec.module)
-    except Exception:  # this capture fails differently: torch's fix stands
+    ep = _recapture(spec, shapes)
+    if ep is None:  # this capture fails differently: torch's fix stands
         return None
     if _raised_minimum(ep, spec, symbols, places, trusted):
         deferred = _export_deferring(spec, symbols, places, accepted, trusted, decompose)
@@ -269,19 +266,27 @@ def _export_deferring(spec: ModelSpec, symbols, places, accepted, trusted, decom
     package still checks the asserts, as it checks any), else None."""
     shapes = dynamic.to_torch_dynamic_shapes(spec.input_names, spec.example_inputs, symbols, places,
                                              accepted.rewrites)
-    try:
-        with torch.no_grad():
-            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False,
-                                     prefer_deferred_runtime_asserts_over_guards=True)
-            state.lift_buffer_aliases(ep, spec.module)
-    except Exception:  # this capture fails differently: the Dim.DYNAMIC one stands
-        return None
-    if range_check.failing_guard(ep) is not None or _raised_minimum(ep, spec, symbols, places, trusted):
-        return None
+    ep = _recapture(spec, shapes, prefer_deferred_runtime_asserts_over_guards=True)
+    if ep is None or range_check.failing_guard(ep) is not None or \
+            _raised_minimum(ep, spec, symbols, places, trusted):
+        return None  # it fails differently, or a guard fails somewhere: the Dim.DYNAMIC capture stands
     accepted.notes.append(f"{', '.join(trusted)}: torch could not prove its guards for the declared range; "
                           f"exported with them as runtime asserts, each checked at every size in the range, where "
                           f"it holds, so the range stands")
     return (_decomposed(ep) if decompose else ep), shapes
+
+
+def _recapture(spec: ModelSpec, shapes, **options):
+    """torch.export of the model at its example inputs with these dynamic shapes (buffer aliases lifted, as the
+    first capture's are), or None where it fails: the range checks' further captures."""
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(spec.module, spec.example_inputs, dynamic_shapes=shapes, strict=False,
+                                     **options)
+            state.lift_buffer_aliases(ep, spec.module)
+    except Exception:  # the caller keeps what it had
+        return None
+    return ep
 
 
 def _same_program_across(spec: ModelSpec, ep, symbols, places, accepted, trusted) -> tuple[set, set] | None:

@@ -73,12 +73,15 @@ def _padded(prog: ir.Program, node: ir.Node, count: int) -> tuple[list[ir.Node],
         prog.buffers[name] = buf
         copies.append(ir.Node(f"{node.name}_pad{len(copies) or ''}", "pointwise", buf,
                               body=_copy(template, src, lo, hi), source=node.source))
+        def in_copy(index, buf=buf, lo=lo):
+            return ir.Load(buf.dtype, buf.name, tuple(sympy.sympify(e) + lo[d] for d, e in enumerate(index)))
+
         for t in group:
-            reads[id(t.where)] = ir.Load(buf.dtype, name, tuple(sympy.sympify(e) + lo[d] for d, e in enumerate(t.raw)))
+            reads[id(t.where)] = in_copy(t.raw)
         for v in ir.walk(node.body):  # the taps that need no select (a window's centre) read the copy too
-            read = single_read(prog, v) if id(v) not in reads and not isinstance(v, ir.Const) else None
+            read = single_read(prog, v) if id(v) not in reads else None
             if read is not None and read[0] == group[0].buffer and read[2] == template:
-                reads[id(v)] = ir.Load(buf.dtype, name, tuple(sympy.sympify(e) + lo[d] for d, e in enumerate(read[1])))
+                reads[id(v)] = in_copy(read[1])
     if not copies:
         return [], None
     return copies, _map_taps(node.body, lambda v: reads.get(id(v), v))

@@ -51,8 +51,8 @@ def window_planes(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
 
 def _plane(prog: ir.Program, node: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     """(the plane's node, the copy that replaces ``node``) when ``node`` is a window sum whose every read that
-    moves with its last two dims is a stride-1 tap (y + a, x + b; a, b >= 0) of buffers of one width P > W, its
-    rows shorter than a vector (pad_windows' copies make its taps such reads); else None."""
+    moves with its last two dims is a tap (s*y + a, s*x + b; one stride s, a, b >= 0) of buffers of one width
+    P > W, its rows shorter than a vector (pad_windows' copies make its taps such reads); else None."""
     if node.kind != "pointwise" or len(node.ranges) < 3 or node.body is None:
         return None
     r = len(node.ranges)
@@ -60,7 +60,7 @@ def _plane(prog: ir.Program, node: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     if not (height.is_Integer and width.is_Integer) or int(width) > MAX_WIDTH or int(height) < 2:
         return None
     y, x = ir.ivar(r - 2), ir.ivar(r - 1)
-    pitch, stride, reads = None, None, []
+    pitch, stride, taps = None, None, {}  # each read that moves with y and x -> its (s, a, b)
     for v in ir.walk(node.body):
         if isinstance(v, (ir.LoadIndirect, ir.IndexValue)):
             if {y, x} & _symbols(v):
@@ -77,8 +77,8 @@ def _plane(prog: ir.Program, node: ir.Node) -> tuple[ir.Node, ir.Node] | None:
                 (pitch is not None and (p, offsets[0]) != (pitch, stride)):
             return None
         pitch, stride = p, offsets[0]
-        reads.append(v)
-    if pitch is None or int(pitch) <= int(width) or len(set(reads)) < MIN_TAPS:
+        taps[v] = offsets
+    if pitch is None or int(pitch) <= int(width) or len(taps) < MIN_TAPS:
         return None  # a few shifted reads (a rotary embedding's halves) are no window: their rows stay
     P, H, W = int(pitch), int(height), int(width)
     length = (H - 1) * P + W
@@ -87,9 +87,9 @@ def _plane(prog: ir.Program, node: ir.Node) -> tuple[ir.Node, ir.Node] | None:
     buf = ir.Buffer(name, node.out.dtype, tuple(node.ranges[:-2]) + (length,), "temp")  # prog's once taken
 
     def along_rows(v):
-        if not (isinstance(v, ir.Load) and v in reads):
+        if not (isinstance(v, ir.Load) and v in taps):
             return v
-        _, a, b = _tap_offsets(v.index, y, x)
+        _, a, b = taps[v]
         flat = stride * q + a * P + b
         return ir.Load(v.dtype, v.buffer, tuple(v.index[:-2]) + (FloorDiv(flat, P), ModularIndexing(flat, 1, P)))
 
