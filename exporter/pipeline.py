@@ -150,8 +150,9 @@ def stage_capture(r: Results) -> str | dict:
 def _captured_text(captured) -> str:
     logged = "\n\n# torch's log during capture (kept off stderr)\n" + "\n".join(captured.torch_log) \
         if captured.torch_log else ""
+    rewrites = "\n\n# weights rewritten at export\n" + "\n".join(captured.folded) if captured.folded else ""
     return captured.program.graph_module.print_readable(print_output=False) + "\n" + \
-        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items()) + logged
+        "\n".join(f"{name}: [{s.min}, {s.max}]" for name, s in captured.symbols.items()) + rewrites + logged
 
 
 def _capture_methods(r: Results) -> dict:

@@ -16,17 +16,14 @@ placeholders, signature and state dict drop whatever the fold left unused, so th
 from __future__ import annotations
 
 import operator
-import re
 from dataclasses import dataclass
 
 import torch
-from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
-from tcexport.exporter.errors import CaptureError
+from tcexport.exporter.front.constants import (add_constant, drop_unused_constants, input_specs, is_constant, lookup,
+                                               rename_output)
 
 aten = torch.ops.aten
-
-CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
 
 @dataclass
@@ -42,13 +39,13 @@ def fold_batchnorm(ep: torch.export.ExportedProgram) -> list[str]:
     """Fold every foldable conv → eval batch norm pair of ``ep`` in place; returns a note per folded pair
     (``"batch norm (bn1.weight, ...) folded into the convolution of conv1.weight"``), so callers and tests can see
     what happened."""
-    specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    specs = input_specs(ep)
     notes, read = [], set()
     for pair in [p for n in list(ep.graph.nodes) if (p := _match(n, specs, ep)) is not None]:
         read |= {n for n in (*pair.conv.args[1:3], *pair.bn.args[1:5]) if n is not None}
         notes.append(_fold(ep, pair, specs))
     if notes:
-        _drop_unused_constants(ep, read)
+        drop_unused_constants(ep, read, "a folded batch norm")
         ep.graph.lint()
         ep.graph_module.recompile()
     return notes
@@ -74,7 +71,7 @@ def _match(node: torch.fx.Node, specs: dict, ep) -> _Pair | None:
     if result is None or not _channels_line_up(node, w, bn):
         return None
     tensors = [w, bias, *bn.args[1:5]]
-    if not all(t is None or _is_constant(t, specs, ep) for t in tensors):
+    if not all(t is None or is_constant(t, specs, ep) for t in tensors):
         return None
     return _Pair(node, bn, result)
 
@@ -97,20 +94,6 @@ def _channels_line_up(conv: torch.fx.Node, w: torch.fx.Node, bn: torch.fx.Node) 
     if not all(isinstance(t, torch.Tensor) for t in (out, weight, mean)):
         return False
     return out.dim() == weight.dim() and mean.dim() == 1 and out.shape[1] == weight.shape[0] == mean.shape[0]
-
-
-def _is_constant(node, specs: dict, ep) -> bool:
-    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
-        return False
-    spec = specs.get(node.name)
-    return spec is not None and spec.kind in CONSTANT_KINDS and _lookup(ep, spec) is not None
-
-
-def _lookup(ep, spec: InputSpec) -> torch.Tensor | None:
-    """A constant input's value, where lowering finds it too: the state dict, else the lifted constants."""
-    if spec.target in ep.state_dict:
-        return ep.state_dict[spec.target]
-    return ep.constants.get(spec.target)
 
 
 # --- folding ------------------------------------------------------------------------------------------------
@@ -138,31 +121,24 @@ def _fold(ep, pair: _Pair, specs: dict) -> str:
     w_node, b_node = conv.args[1], conv.args[2]
 
     def value(n):
-        return None if n is None else _lookup(ep, specs[n.name])
+        return None if n is None else lookup(ep, specs[n.name])
 
     gamma, beta, mean, var = (value(n) for n in bn.args[1:5])
     eps = float(bn.args[6])
     weight, bias = folded_tensors(value(w_node), value(b_node), gamma, beta, mean, var, eps)
     w_key = specs[w_node.name].target
-    new_w = _add_constant(ep, specs, _folded_name(w_key, "weight"), weight, like=w_node)
-    new_b = _add_constant(ep, specs, _folded_name(w_key, "bias"), bias, like=w_node)
+    new_w = add_constant(ep, specs, _folded_name(w_key, "weight"), weight, like=w_node)
+    new_b = add_constant(ep, specs, _folded_name(w_key, "bias"), bias, like=w_node)
     with ep.graph.inserting_before(conv):
         fused = ep.graph.call_function(aten.convolution.default, (conv.args[0], new_w, new_b, *conv.args[3:]),
                                        dict(conv.kwargs))
     fused.meta.update(conv.meta)
     stats = ", ".join(specs[n.name].target for n in bn.args[1:5] if n is not None)
     pair.result.replace_all_uses_with(fused)
-    _rename_output(ep, pair.result.name, fused.name)
+    rename_output(ep, pair.result.name, fused.name)
     for n in (pair.result, bn, conv):
         ep.graph.erase_node(n)
     return f"batch norm ({stats}) folded into the convolution of {w_key}"
-
-
-def _rename_output(ep, old: str, new: str) -> None:
-    """Output specs name graph nodes: one that named the batch norm's result now names the convolution."""
-    for spec in ep.graph_signature.output_specs:
-        if isinstance(spec.arg, TensorArgument) and spec.arg.name == old:
-            spec.arg = TensorArgument(name=new)
 
 
 def _folded_name(w_key: str, what: str) -> str:
@@ -170,54 +146,3 @@ def _folded_name(w_key: str, what: str) -> str:
     since the values are not the model's parameters any more."""
     stem = w_key[: -len("weight")] if w_key.endswith("weight") else w_key + "."
     return f"{stem}{what}.bn_folded"
-
-
-def _add_constant(ep, specs: dict, key: str, tensor: torch.Tensor, like: torch.fx.Node) -> torch.fx.Node:
-    """A new lifted constant: a placeholder (after the other constants, before the user inputs, the order the
-    signature requires), its ``CONSTANT_TENSOR`` input spec, and its value in ``ep.constants``."""
-    key = _unique_key(ep, key)
-    fake_mode = like.meta["val"].fake_mode
-    placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
-    input_specs = ep.graph_signature.input_specs
-    at = next((k for k, s in enumerate(input_specs) if s.kind == InputKind.USER_INPUT), len(input_specs))
-    anchor = placeholders[at] if at < len(placeholders) else None
-    ctx = ep.graph.inserting_before(anchor) if anchor is not None else ep.graph.inserting_after(placeholders[-1])
-    with ctx:
-        node = ep.graph.placeholder("c_" + re.sub(r"[^A-Za-z0-9_]", "_", key))
-    node.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True)
-    spec = InputSpec(InputKind.CONSTANT_TENSOR, TensorArgument(name=node.name), target=key)
-    input_specs.insert(at, spec)
-    specs[node.name] = spec
-    ep.constants[key] = tensor
-    return node
-
-
-def _unique_key(ep, key: str) -> str:
-    """``key``, or ``key_1``, ``key_2``... when a conv weight shared by two convolutions is folded twice."""
-    taken = set(ep.state_dict) | set(ep.constants)
-    out, k = key, 0
-    while out in taken:
-        k += 1
-        out = f"{key}_{k}"
-    return out
-
-
-def _drop_unused_constants(ep, candidates: set) -> None:
-    """Remove the placeholders among ``candidates`` (what the folded pairs read: the batch norm's statistics,
-    the original conv weight) that nothing reads any more, their input specs, and the values no remaining
-    spec names. Other unused constants are left as export made them."""
-    specs = ep.graph_signature.input_specs
-    by_name = {s.arg.name: s for s in specs}
-    dropped = set()
-    for node in [n for n in ep.graph.nodes if n in candidates and not n.users]:
-        spec = by_name.get(node.name)
-        if spec is None or spec.kind not in CONSTANT_KINDS:
-            raise CaptureError(f"placeholder {node.name} read by a folded batch norm is not a constant of the "
-                               f"exported program (its input spec: {spec})")
-        ep.graph.erase_node(node)
-        specs.remove(spec)
-        dropped.add(spec.target)
-    named = {s.target for s in specs if s.kind in CONSTANT_KINDS}
-    for store in (ep.state_dict, ep.constants):
-        for key in dropped - named:
-            store.pop(key, None)
