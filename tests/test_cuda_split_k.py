@@ -35,7 +35,11 @@ def _package(tmp_path, name, module=None, dynamic=True, build_cubins=False, dtyp
 
 
 def test_slices():
-    assert [slices(k) for k in (768, 1000, 1024, 2048, 3072, 4096, 5000)] == [1, 1, 4, 8, 4, 8, 1]
+    # up to SMALL_M rows: enough columns x slices for the SMs, whole slices of at least 256 (K 1024: at most 4)
+    assert [slices(64, k) for k in (768, 1000, 1024, 2048, 3072, 4096, 5000)] == [1, 1, 4, 8, 4, 8, 1]
+    small = {(768, 3072): 4, (2048, 2048): 4, (3072, 2048): 4, (2048, 8192): 4, (8192, 2048): 1, (32000, 2048): 1,
+             (4096, 4096): 2}
+    assert {nk: slices(*nk) for nk in small} == small
     # a decode step's: enough columns x slices for the SMs, slices of 512..2048 where K allows (the probe's best)
     shapes = {(2304, 768): 1, (768, 768): 1, (768, 3072): 4, (50257, 768): 1, (2048, 2048): 1, (512, 2048): 4,
               (8192, 2048): 1, (2048, 8192): 4, (64, 2048): 4, (64, 1000): 1}

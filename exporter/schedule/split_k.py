@@ -30,6 +30,7 @@ from tcexport.exporter.schedule.small_m import FEW_M, SMALL_M
 MIN_K = 1024        # K from which splitting pays: at least 4 slices of 256
 SLICE_K = 256       # a slice covers at least this much of K (2 steps of the template's 128-wide K blocks)
 MAX_SLICES = 8
+SMALL_COLUMNS = 8192  # up to SMALL_M rows, N x slices of at least this: 128 programs of 64 columns a 64-row block
 
 FEW_COLUMNS = 2048  # a few rows' GEMM wants N x slices of at least this: 128 programs of 16 columns (132 SMs)
 FEW_SLICE_K = 512   # ... with slices of at least 512 (4 K-steps): shorter ones lose what they gain to R's launch
@@ -37,14 +38,17 @@ FEW_LONG_K = 2048   # ... and of at most 2048 where K allows, however many colum
 FEW_STEP_K = 128    # a slice is whole K-steps of the few rows' tiles (cuda/tiles.FEW_TILE's BK)
 
 
-def slices(k) -> int:
-    """How many slices a GEMM's static K splits into (1: none) for up to SMALL_M rows: the largest power of two up
-    to MAX_SLICES that leaves each slice a multiple of SLICE_K."""
-    if not sympy.sympify(k).is_Integer or int(k) < MIN_K:
+def slices(n, k) -> int:
+    """How many slices a GEMM's static K splits into (1: none) for up to SMALL_M rows: doubled while the columns
+    times the slices fall short of SMALL_COLUMNS, up to MAX_SLICES, as long as each slice stays a multiple of
+    SLICE_K. A GEMM whose columns fill the GPU by themselves does not split: the partial sums' float32 traffic
+    then costs more than the programs gain (H200, a ~1B Llama's MLP at 128 rows, N 8192, K 2048, in 8 slices:
+    54 us, about a third of its weight bandwidth). A symbolic N counts as wide."""
+    if not sympy.sympify(k).is_Integer or int(k) < MIN_K or not sympy.sympify(n).is_Integer:
         return 1
-    s = MAX_SLICES
-    while s > 1 and (int(k) % (s * SLICE_K)):
-        s //= 2
+    s = 1
+    while s < MAX_SLICES and int(k) % (2 * s * SLICE_K) == 0 and int(n) * s < SMALL_COLUMNS:
+        s *= 2
     return s
 
 
@@ -81,7 +85,7 @@ def _bands(m_min: int, m_max: int, n, k) -> list[tuple[int, int | None, int]]:
     """[(rows above, rows up to, slices)] over m_min..m_max, neighbours with equal slices merged; the first band's
     lower end and the last one's upper end are 0 and None where the rows cannot pass them."""
     bands = []
-    for lo, hi, s in ((0, FEW_M, few_slices(n, k)), (FEW_M, SMALL_M, slices(k)), (SMALL_M, None, 1)):
+    for lo, hi, s in ((0, FEW_M, few_slices(n, k)), (FEW_M, SMALL_M, slices(n, k)), (SMALL_M, None, 1)):
         if m_min <= (hi if hi is not None else m_max) and m_max > lo:
             if bands and bands[-1][2] == s:
                 bands[-1] = (bands[-1][0], hi, s)
