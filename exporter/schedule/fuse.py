@@ -378,6 +378,21 @@ def _recomputes_work(p: ir.Node, readers: list) -> bool:
     return sites > 2 * len(readers) or (len(readers) > 1 and ops > RECOMPUTED_OPS)
 
 
+def _taps_reread(prog: ir.Program, p: ir.Node, readers: list) -> bool:
+    """Whether inlining a cheap ``p`` into readers that load it at many places (a window's taps) reads its
+    inputs more often than keeping it does: ``sites * inputs`` loads against ``inputs + 1 + sites`` (its inputs
+    once, its result written once and read at each site). A ReLU before a 3x3 pooling stays inlined (9 against
+    11); a residual add before a 7x7 depthwise convolution does not (98 against 52: ConvNeXt's, whose two inputs
+    are read through a transpose there, which also kept the window from its padded, vectorised form). Only the
+    inputs as large as ``p`` count: a bias is one value per channel."""
+    sites = sum(len({v.index for v in ir.walk(r.body) if isinstance(v, ir.Load) and v.buffer == p.out.name})
+                for r in readers)
+    size = ir.product(p.ranges)
+    inputs = len({v.buffer for v in ir.walk(p.body) if isinstance(v, ir.Load) and v.buffer in prog.buffers
+                  and ir.same_size(prog.buffers[v.buffer].numel(), size)})
+    return sites > 2 * len(readers) and sites * inputs > inputs + 1 + sites
+
+
 def inline_pointwise(prog: ir.Program) -> None:
     for p in list(prog.nodes):
         if p.kind != "pointwise" or p.out.kind == "output":
@@ -396,6 +411,8 @@ def inline_pointwise(prog: ir.Program) -> None:
         if not recompute and not _rereads_pay(p.body, len(readers)):
             continue
         if not recompute and not _cheap(p.body) and _recomputes_work(p, readers):
+            continue
+        if not recompute and _cheap(p.body) and _taps_reread(prog, p, readers):
             continue
         for r in readers:
             r.body = ir.map_values(r.body, lambda v: ir.subs_index(p.body, {ir.ivar(k): e for k, e in
