@@ -177,24 +177,30 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
 
     if args.profile and device == "cuda":
         profile_decode(kind, backends, pkg_path, tok, max(args.contexts), notes)
+        if args.prefill:
+            profile_decode(kind, backends, pkg_path, tok, min(args.contexts), notes, prefill=True)
 
 
-def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes: list) -> None:
-    """Where a decode step's time goes: each backend's kernels under torch.profiler (count, total, by kind, the
-    largest), beside its measured latency. tcpkg is loaded again without CUDA graphs so that each kernel shows
-    under its own name; the gap between the kernel total and the latency is launch and host time."""
+def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes: list,
+                   prefill: bool = False) -> None:
+    """Where a decode step's time goes (``prefill``: a prefill of ``context`` tokens): each backend's kernels
+    under torch.profiler (count, total, by kind, the largest), beside its measured latency. tcpkg is loaded again
+    without CUDA graphs so that each kernel shows under its own name; the gap between the kernel total and the
+    latency is launch and host time."""
     from tcexport.loader import load
 
     runs = dict(backends)
     if pkg_path is not None:
         direct = load(pkg_path, "cuda", graphs=False).new_session()
         runs["tcpkg (kernels)"] = lambda ids, pos: direct(ids, pos)
-    ids, pos = tok(1), torch.tensor([context], device="cuda")
+    ids, pos = (tok(context), torch.arange(context, device="cuda")) if prefill else \
+        (tok(1), torch.tensor([context], device="cuda"))
+    what = f"a prefill of {context} tokens" if prefill else f"the decode step at context {context}"
     for name, fn in runs.items():
         if name == "eager":
             continue
         try:
-            notes.append(f"{kind}: where the decode step at context {context} goes, {name}: "
+            notes.append(f"{kind}: where {what} goes, {name}: "
                          + kernel_profile(lambda: fn(ids, pos)))
         except Exception as e:  # noqa: BLE001
             notes.append(f"{kind}: profiling {name} failed: {type(e).__name__}: {str(e)[:200]}")

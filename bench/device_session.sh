@@ -8,6 +8,8 @@
 #   bench/device_session.sh probe NAME [ARGS]  python -m bench.probes.NAME ARGS (a probe that imports the exporter)
 #   bench/device_session.sh zoo S [MODELS]  the GPU zoo table, under a deadline of S seconds (MODELS: those only,
 #                                        merged into the newest *zoo-cuda.json)
+#   bench/device_session.sh zoo-aoti S [MODELS]  AOTInductor on the GPU over the zoo (its pass counts beside ours),
+#                                        merged into the newest *zoo-cuda.json
 set -u
 cd "$(dirname "$0")/.."
 ns=$(mktemp -d)/ns
@@ -20,7 +22,7 @@ export PYTHONPATH="$ns:$PWD:$PWD/tests" TCEXPORT_CACHE="${TCEXPORT_CACHE:-$PWD/.
 out=${OUT:-bench/results}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr H h)
 gpu=${gpu:-gpu}  # h100 or h200 (the first H-number of the name: "H100 80GB HBM3" also has an H in HBM3)
-step=${1:?tests, decode B, probe NAME or zoo S}
+step=${1:?tests, decode B, probe NAME, zoo S or zoo-aoti S}
 case "$step" in
   tests)
     timeout "${2:-450}" python3 -m pytest -q -p no:cacheprovider tests/test_state_gpu.py tests/test_methods.py \
@@ -40,5 +42,10 @@ case "$step" in
     prev=$(ls -t bench/results/*zoo-cuda.json 2>/dev/null | head -1)
     python3 -m bench.zoo_table --device cuda --jobs 6 --timeout 240 --deadline "${2:-500}" \
       ${3:+--models "$3"} ${3:+${prev:+--merge "$prev"}} 2>&1 | tail -70
+    cp bench/results/*zoo-cuda* "$out/" 2>/dev/null ;;
+  zoo-aoti)
+    prev=$(ls -t bench/results/*zoo-cuda.json 2>/dev/null | head -1)
+    python3 -m bench.zoo_table --device cuda --peers aoti --only-peers --jobs 8 --timeout 400 --deadline "${2:-500}" \
+      ${3:+--models "$3"} ${prev:+--merge "$prev"} 2>&1 | tail -70
     cp bench/results/*zoo-cuda* "$out/" 2>/dev/null ;;
 esac

@@ -10,6 +10,7 @@ runs N models at a time (a GPU machine's cores build several models' cubins at o
 ``--peers onnx,aoti`` adds whether ``torch.onnx.export(..., dynamo=True)`` (run in ONNX Runtime) and AOTInductor
 (``torch._inductor.aoti_compile_and_package``) export each model with the same dynamic dims and match eager at the
 same cases; AOTInductor compiles slowly, so this is opt-in, and rows merge into an existing table (``--merge``).
+With ``--device cuda``, ``--peers aoti`` compiles AOTInductor for the GPU and runs it there.
 
     python -m bench.zoo_table                      # the whole zoo, tcexport only
     python -m bench.zoo_table --models llama,bert --peers onnx --merge bench/results/...-zoo.json
@@ -71,7 +72,10 @@ def _capture(module, example, model):
         return torch.export.export(module, example, dynamic_shapes=_torch_dims(model, Dim.DYNAMIC))
 
 
-def _peer_row(model, peer: str, folder: Path) -> dict:
+def _peer_row(model, peer: str, folder: Path, device: str = "cpu") -> dict:
+    """Whether ``peer`` exports ``model`` with the zoo's dynamic dims and matches eager float32 on the CPU at the
+    zoo's cases. ``device`` "cuda": AOTInductor compiles for the GPU (the module and its example moved there) and
+    runs there, as the tcexport column's CUDA package does; ONNX Runtime runs on the CPU only here."""
     import numpy as np
     import torch
     from zoo_harness import TOLERANCE, relative_error
@@ -80,14 +84,17 @@ def _peer_row(model, peer: str, folder: Path) -> dict:
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            program = _capture(module, example, model)
             if peer == "aoti":
+                on = (lambda xs: [x.to(device) for x in xs]) if device == "cuda" else (lambda xs: list(xs))  # noqa: E731
+                program = _capture(module.to(device) if device == "cuda" else module, tuple(on(example)), model)
                 path = torch._inductor.aoti_compile_and_package(program, package_path=str(folder / "m.pt2"))
                 run = torch._inductor.aoti_load_package(path)
-                call = lambda xs: run(*xs)  # noqa: E731
+                call = lambda xs: run(*on(xs))  # noqa: E731
+                module = module.to("cpu")
             else:
                 import onnxruntime as ort
 
+                program = _capture(module, example, model)
                 onnx_program = torch.onnx.export(program, example, dynamo=True)
                 onnx_program.save(str(folder / "m.onnx"))
                 session = ort.InferenceSession(str(folder / "m.onnx"), providers=["CPUExecutionProvider"])
@@ -101,7 +108,7 @@ def _peer_row(model, peer: str, folder: Path) -> dict:
                 want = module(*xs)
                 got = call(xs)
             got = got[0] if isinstance(got, (tuple, list)) else got
-            got = got.detach().numpy() if hasattr(got, "detach") else np.asarray(got)
+            got = got.detach().cpu().numpy() if hasattr(got, "detach") else np.asarray(got)
             err = relative_error(got, want)
             if not err <= TOLERANCE:
                 return {"pass": False, "error": "Mismatch", "message": f"at {sizes}: {err:.2e}",
@@ -151,7 +158,7 @@ def run_one(name: str, peers: list[str], skip_tcexport: bool, device: str = "cpu
                 row.update({"pass": False, "error": type(e).__name__, "message": _short(e),
                             "trace": traceback.format_exc(limit=-4)[-1500:]})
         for peer in peers:
-            row[peer] = _peer_row(model, peer, folder)
+            row[peer] = _peer_row(model, peer, folder, device)
     del keep
     return row
 
@@ -164,13 +171,16 @@ def _worker(name: str, peers: list[str], skip: bool, timeout: int, device: str =
             cmd.append("--only-peers")
         try:
             proc = subprocess.run(cmd, cwd=ROOT, timeout=timeout, capture_output=True, text=True)
+            failure = None
         except subprocess.TimeoutExpired:
-            return {"model": name, "pass": False, "error": "Timeout", "message": f"over {timeout} s"}
-        text = Path(out.name).read_text()
-        if proc.returncode or not text:
-            return {"model": name, "pass": False, "error": f"exit {proc.returncode}",
-                    "message": proc.stderr[-600:]}
-        return json.loads(text)
+            failure = {"pass": False, "error": "Timeout", "message": f"over {timeout} s"}
+        text = Path(out.name).read_text() if failure is None else ""
+        if failure is None and (proc.returncode or not text):
+            failure = {"pass": False, "error": f"exit {proc.returncode}", "message": proc.stderr[-600:]}
+        if failure is None:
+            return json.loads(text)
+        # with --only-peers the worker ran the peers alone: the failure is theirs, tcexport's columns stay
+        return {"model": name, **({p: failure for p in peers} if skip else failure)}
 
 
 def _mark(r: dict | None) -> str:
@@ -196,7 +206,7 @@ def markdown(table: dict) -> str:
              f"tcexport: **{sum(1 for r in counted if r['pass'])} / {len(counted)} pass**"
              + (f" ({unrun} not run: past the deadline)" if unrun else "")
              + "".join(f"; {p}: {sum(1 for r in rows if r.get(p, {}).get('pass'))} / "
-                       f"{sum(1 for r in rows if p in r)}" for p in peers), "",
+                       f"{sum(1 for r in rows if r.get(p, {}).get('pass') is not None)}" for p in peers), "",
              "| model | family | library | tcexport | export s | package | max error |"
              + "".join(f" {p} |" for p in peers),
              "|---|---|---|---|---|---|---|" + "---|" * len(peers)]
@@ -206,7 +216,11 @@ def markdown(table: dict) -> str:
         lines.append(f"| {r['model']}{' †' if r.get('from') else ''} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
                      f"{r.get('export_s', '')} | {size} | {err} |" + "".join(f" {_mark(r.get(p))} |" for p in peers))
     earlier = sorted({r["from"] for r in rows if r.get("from")})
-    if earlier:
+    if earlier and "--only-peers" in table["command"]:
+        ran = ", ".join(p for p in peers if f"--peers {p}" in table["command"] or f",{p}" in table["command"])
+        lines += ["", f"† tcexport's columns (and the peer columns this run did not try) are from the merged table "
+                      f"({'; '.join(earlier)}); this run tried {ran}."]
+    elif earlier:
         lines += ["", f"† not rerun here: the row is from the merged table ({'; '.join(earlier)})."]
     notes = [r for r in rows if r.get("note")]
     if notes:
@@ -257,8 +271,8 @@ def main(argv=None) -> int:
     p.add_argument("--row", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     peers = [x for x in args.peers.split(",") if x]
-    if peers and args.device == "cuda":
-        p.error("--peers run on the CPU: leave them out of a --device cuda table")
+    if "onnx" in peers and args.device == "cuda":
+        p.error("--peers onnx runs ONNX Runtime on the CPU: leave it out of a --device cuda table (aoti runs there)")
     if args.one:
         Path(args.row).write_text(json.dumps(run_one(args.one, peers, args.only_peers, args.device)))
         return 0
@@ -273,7 +287,8 @@ def main(argv=None) -> int:
     def work(name: str) -> dict:
         left = min(args.timeout, end - time.monotonic())
         if left < MIN_SECONDS:
-            return {"model": name, "pass": None, "error": "NotRun", "message": f"past --deadline {args.deadline} s"}
+            skipped = {"pass": None, "error": "NotRun", "message": f"past --deadline {args.deadline} s"}
+            return {"model": name, **({p: skipped for p in peers} if args.only_peers else skipped)}
         return _worker(name, peers, args.only_peers, int(left), args.device)
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:

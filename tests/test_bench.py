@@ -239,3 +239,22 @@ def test_merge_joins_slices_of_one_suite_and_refuses_others():
     b["precision"] = "bf16"
     with pytest.raises(MergeError, match="b.json: precision is 'bf16', but a.json has None"):
         merge([a, b], ["a.json", "b.json"])
+
+
+def test_zoo_table_peers_only_run_keeps_tcexport_columns_and_counts_what_ran():
+    """A --only-peers row whose worker died is the peers' failure (tcexport's merged columns stay), and a peer
+    past the deadline is left out of its count; the footnote says which columns this run filled."""
+    sys.path.insert(0, str(ROOT))
+    from bench.zoo_table import _worker, markdown
+
+    row = _worker("no-such-model", ["aoti"], True, 120)
+    assert "pass" not in row and row["aoti"]["pass"] is False and row["aoti"]["error"].startswith("exit"), row
+    merged = {"model": "gpt2", "family": "decoder LM", "library": "transformers", "pass": True, "export_s": 1.0,
+              "from": "m, 2026-12-04"}
+    rows = [{**merged, **row, "model": "gpt2"},
+            {**merged, "model": "bert", "aoti": {"pass": None, "error": "NotRun"}},
+            {**merged, "model": "t5", "aoti": {"pass": True}}]
+    text = markdown({"machine": "m", "date": "d", "torch": "t", "rows": rows,
+                     "command": "python -m bench.zoo_table --peers aoti --only-peers --merge x.json"})
+    assert "tcexport: **3 / 3 pass**; aoti: 1 / 2" in text, text
+    assert "this run tried aoti" in text and "| gpt2 † | decoder LM | transformers | pass |" in text, text
