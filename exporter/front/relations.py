@@ -32,8 +32,6 @@ from tcexport.exporter.front.source_line import source_of
 from tcexport.exporter.errors import CaptureError, DynamicSpecError, SpecializedDimError
 from tcexport.exporter.ir.loops import shape_symbol
 
-_FIX_DIM_RE = re.compile(r"^(?P<name>\w+) = Dim\('(?P<dim>\w+)'(?:, min=(?P<lo>\d+))?(?:, max=(?P<hi>\d+))?\)$")
-_FIX_EXPR_RE = re.compile(r"^(?P<name>\w+) = (?P<expr>[\w\s*+\-]+)$")
 
 
 @dataclass
@@ -66,19 +64,11 @@ def accept_fixes(message: str, symbols: dict[str, SymbolSpec], places, accepted:
     message has no fix we can take (the caller shows torch's message)."""
     if "Suggested fixes:" not in message:
         raise CaptureError("no suggested fixes")
-    lines = [ln.strip() for ln in message.split("Suggested fixes:", 1)[1].strip().splitlines()]
-    fresh, exprs, progress = {}, {}, False
-    for line in lines:
-        if not line:
-            break
-        if m := _FIX_DIM_RE.match(line):
-            lo, hi = int(m["lo"] or 0), int(m["hi"]) if m["hi"] else None
-            fresh[m["name"]] = (lo, hi)
-        elif m := _FIX_EXPR_RE.match(line):
-            exprs[m["name"]] = m["expr"].strip()
+    fresh, exprs = _suggested_fixes(message, symbols)
+    progress = False
     for name, expr in exprs.items():
-        if re.fullmatch(r"-?\d+", expr):
-            _raise_specialized(name, int(expr), message, places)
+        if isinstance(expr, int):
+            _raise_specialized(name, expr, message, places)
     for name, (lo, hi) in fresh.items():
         if name in symbols and name not in exprs:  # a user symbol whose range export narrowed
             old = symbols[name]
@@ -88,14 +78,16 @@ def accept_fixes(message: str, symbols: dict[str, SymbolSpec], places, accepted:
                 accepted.notes.append(f"export narrowed the range of {name!r} from {old.min}:{old.max} to "
                                       f"{lo}:{hi} (the model needs it: {_reasons(name, message)})")
                 progress = True
-    for name, text in exprs.items():
+    for name, expr in exprs.items():
         if name not in symbols or name in accepted.rewrites:
-            raise CaptureError(f"torch suggests `{name} = {text}`, but {name!r} is not a symbol tcexport can "
+            raise CaptureError(f"torch suggests `{name} = {expr}`, but {name!r} is not a symbol tcexport can "
                                f"rewrite")
-        expr = _affine(text)
-        root_range = fresh.get(expr.root)
+        if expr.scale <= 0:
+            raise CaptureError(f"torch suggests the relation {name} = {expr}, which is not of the form A*SYMBOL + B "
+                               f"with A > 0")
+        root_range = fresh.get(expr.root) if expr.root not in symbols else None
         if root_range is None and expr.root not in symbols:
-            raise CaptureError(f"torch suggests `{name} = {text}`, but {expr.root!r} is not a known symbol")
+            raise CaptureError(f"torch suggests `{name} = {expr}`, but {expr.root!r} is not a known symbol")
         rw = Rewrite(name, expr.root, expr.scale, expr.offset, root_range)
         if root_range is None:  # `name` is now tied to another user symbol: keep its declared range
             _narrow_root(symbols, symbols[name], rw)
@@ -107,6 +99,43 @@ def accept_fixes(message: str, symbols: dict[str, SymbolSpec], places, accepted:
         raise CaptureError("the suggested fixes change nothing")
 
 
+def _suggested_fixes(message: str, symbols: dict) -> tuple[dict, dict]:
+    """torch's fixes, read by torch's own reader of its message (``refine_dynamic_shapes_from_suggested_fixes``,
+    which changes with the message's wording): (name -> (min, max) of every dim the fixes leave free, our symbols
+    and fresh roots such as ``_seq``; name -> the constant a symbol is fixed to, or the ``DimExpr`` over another
+    dim it now is)."""
+    from torch.export import Dim
+    from torch.export.dynamic_shapes import _DerivedDim, refine_dynamic_shapes_from_suggested_fixes
+
+    names = list(symbols)
+    # the fixes block ends at its blank line: export's advice after it is not a fix
+    block = message.split("Suggested fixes:", 1)[1].strip().split("\n\n", 1)[0]
+    try:
+        refined = refine_dynamic_shapes_from_suggested_fixes(f"Suggested fixes:\n{block}",
+                                                             {"dims": [Dim(n) for n in names]})["dims"]
+    except Exception as e:  # noqa: BLE001 - torch's UserError or AssertionError: a fix it cannot apply to our dims
+        raise CaptureError(f"torch's suggested fixes do not apply to the dims tcexport declared: {e}") from e
+    fresh, exprs = {}, {}
+    for name, dim in zip(names, refined):
+        if isinstance(dim, int):
+            exprs[name] = dim
+        elif isinstance(dim, _DerivedDim):
+            offset = int(dim.fn(0))
+            exprs[name] = DimExpr(dim.root.__name__, int(dim.fn(1)) - offset, offset)
+            if dim.root.__name__ not in symbols:
+                fresh[dim.root.__name__] = _dim_range(dim.root)
+        elif dim.__name__ != name:
+            exprs[name] = DimExpr(dim.__name__)
+        else:
+            fresh[name] = _dim_range(dim)
+    return fresh, exprs
+
+
+def _dim_range(dim) -> tuple[int, int | None]:
+    hi = dim.max
+    return int(dim.min or 0), None if hi is None or not isinstance(hi, int) or hi >= 2**62 else int(hi)
+
+
 def _narrow_root(symbols, declared: SymbolSpec, rw: Rewrite) -> None:
     """``declared.name = scale*root + offset``: the root's range must keep ``declared`` in its own range."""
     root = symbols[rw.root]
@@ -116,15 +145,6 @@ def _narrow_root(symbols, declared: SymbolSpec, rw: Rewrite) -> None:
         top = (declared.max - rw.offset) // rw.scale
         hi = top if hi is None else min(hi, top)
     symbols[rw.root] = SymbolSpec(rw.root, lo, hi)
-
-
-def _affine(text: str) -> DimExpr:
-    e = sympy.sympify(text)
-    (sym,) = e.free_symbols
-    a, b = e.diff(sym), e.subs(sym, 0)
-    if not (a.is_Integer and b.is_Integer and sympy.expand(e - a * sym - b) == 0 and a > 0):
-        raise CaptureError(f"torch suggests the relation {text}, which is not of the form A*SYMBOL + B")
-    return DimExpr(sym.name, int(a), int(b))
 
 
 def _rewrite_note(rw: Rewrite, symbols) -> str:
