@@ -168,3 +168,21 @@ def test_package_holds_each_weight_once(block_package):
     assert {"{q,k,v}.weight", "gate.weight", "up.weight", "head.weight", "o.weight", "down.weight"} <= weights
     assert not {"q.weight", "k.weight", "v.weight"} & weights
     assert "3 linears over one input are one GEMM: q.weight, k.weight, v.weight" in (dump / "graph.txt").read_text()
+
+
+@pytest.mark.slow
+def test_under_autocast_the_same_linears_join(tmp_path):
+    """``--precision bf16`` captures the casts autocast makes; the gate and up outputs still meet in their
+    product (through those casts), and the joined q/k/v package matches the autocast reference."""
+    torch.manual_seed(2)
+    pkg = export(Block().eval(), (torch.randint(0, 50, (2, 5)),), {"ids": {0: ("batch", 1, 8), 1: ("seq", 1, 32)}},
+                 precision="bf16", dump=tmp_path / "dump")
+    notes = [ln for ln in (tmp_path / "dump" / "graph.txt").read_text().splitlines() if "linears over" in ln]
+    assert notes == ["3 linears over one input are one GEMM: q.weight, k.weight, v.weight"], notes
+    ids = np.random.default_rng(3).integers(0, 50, (3, 11))
+    got = L.load(pkg.save(tmp_path / "m.tcpkg"))(ids)
+    with torch.no_grad():
+        want = pkg.reference(torch.from_numpy(ids))
+    for g, w in zip(got, want):  # bfloat16 outputs come as 16-bit words
+        g = torch.from_numpy(np.ascontiguousarray(g).view(np.int16)).view(torch.bfloat16).float()
+        np.testing.assert_allclose(g.numpy(), w.float().numpy(), atol=5e-2, rtol=5e-2)

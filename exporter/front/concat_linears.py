@@ -31,6 +31,8 @@ prims = torch.ops.prims
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _CASTS = (aten._to_copy.default, prims.convert_element_type.default)
+_LAYOUT = (aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.unsqueeze.default,
+           aten.squeeze.dim, aten.clone.default, aten.transpose.int)
 
 
 @dataclass
@@ -58,7 +60,7 @@ def concat_linears(ep: torch.export.ExportedProgram) -> list[str]:
     notes, read = [], set()
     for group in groups.values():
         members = _apart_from_each_other(group)
-        if len(members) < 2:
+        if len(members) < 2 or len({_bias_dtype(ep, specs, m) for m in members} - {None}) > 1:
             continue
         read |= {x for m in members for x in (m.weight, m.bias) if x is not None}
         notes.append(_join(ep, members, specs))
@@ -152,7 +154,8 @@ def _apart_from_each_other(group: list[_Linear]) -> list[_Linear]:
 
 
 def _elementwise_reach(node: torch.fx.Node) -> set:
-    """The elementwise ops ``node``'s value reaches within MEET_HOPS steps through views and elementwise ops."""
+    """The elementwise ops (casts among them: autocast's) ``node``'s value reaches within MEET_HOPS steps through
+    views and elementwise ops."""
     seen, frontier, out = {node}, [node], set()
     for _ in range(MEET_HOPS):
         nxt = []
@@ -163,19 +166,20 @@ def _elementwise_reach(node: torch.fx.Node) -> set:
                 seen.add(u)
                 if u.target is operator.getitem or u.target in _VIEWS or u.target in _LAYOUT:
                     nxt.append(u)
-                elif isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags:
+                elif u.target in _CASTS or isinstance(u.target, torch._ops.OpOverload) \
+                        and torch.Tag.pointwise in u.target.tags:
                     out.add(u)
                     nxt.append(u)
         frontier = nxt
     return out
 
 
-_LAYOUT = (aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.unsqueeze.default,
-           aten.squeeze.dim, aten.clone.default, aten.transpose.int)
-
-
 def _sizes(sizes) -> tuple:
     return tuple(x if isinstance(x, torch.fx.Node) else int(x) for x in sizes)
+
+
+def _bias_dtype(ep, specs: dict, lin: _Linear):
+    return None if lin.bias is None else lookup(ep, specs[lin.bias.name]).dtype
 
 
 # --- joining ------------------------------------------------------------------------------------------------
@@ -190,14 +194,14 @@ def _join(ep, members: list[_Linear], specs: dict) -> str:
     w_node = add_constant(ep, specs, braced(keys), weight, like=first.weight)
     bias_node = None
     if any(m.bias is not None for m in members):
+        dtype = next(_bias_dtype(ep, specs, m) for m in members if m.bias is not None)  # one for all (the caller)
         biases = [lookup(ep, specs[m.bias.name]).detach() if m.bias is not None
-                  else torch.zeros(m.n, dtype=weight.dtype) for m in members]
+                  else torch.zeros(m.n, dtype=dtype) for m in members]
         # a member without a bias adds zeros, under the name its bias would have
         names = [specs[m.bias.name].target if m.bias is not None
                  else (key[: -len("weight")] + "bias" if key.endswith("weight") else key + ".bias")
                  for m, key in zip(members, keys)]
-        bias_node = add_constant(ep, specs, braced(names), torch.cat(biases).to(weight.dtype).contiguous(),
-                                 like=first.weight)
+        bias_node = add_constant(ep, specs, braced(names), torch.cat(biases).contiguous(), like=first.weight)
     graph, fake = ep.graph, first.node.meta["val"].fake_mode
 
     def call(target, args, kwargs=None):
