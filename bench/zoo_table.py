@@ -85,12 +85,12 @@ def _peer_row(model, peer: str, folder: Path, device: str = "cpu") -> dict:
     try:
         with torch.no_grad():
             if peer == "aoti":
-                on = (lambda xs: [x.to(device) for x in xs]) if device == "cuda" else (lambda xs: list(xs))  # noqa: E731
-                program = _capture(module.to(device) if device == "cuda" else module, tuple(on(example)), model)
+                on = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+                program = _capture(module.to(device), tuple(on(example)), model)
                 path = torch._inductor.aoti_compile_and_package(program, package_path=str(folder / "m.pt2"))
                 run = torch._inductor.aoti_load_package(path)
                 call = lambda xs: run(*on(xs))  # noqa: E731
-                module = module.to("cpu")
+                module = module.to("cpu")  # eager, the reference, runs on the CPU
             else:
                 import onnxruntime as ort
 
@@ -177,10 +177,13 @@ def _worker(name: str, peers: list[str], skip: bool, timeout: int, device: str =
         text = Path(out.name).read_text() if failure is None else ""
         if failure is None and (proc.returncode or not text):
             failure = {"pass": False, "error": f"exit {proc.returncode}", "message": proc.stderr[-600:]}
-        if failure is None:
-            return json.loads(text)
-        # with --only-peers the worker ran the peers alone: the failure is theirs, tcexport's columns stay
-        return {"model": name, **({p: failure for p in peers} if skip else failure)}
+        return json.loads(text) if failure is None else _failed(name, failure, peers, skip)
+
+
+def _failed(name: str, failure: dict, peers: list[str], only_peers: bool) -> dict:
+    """A model's row when its worker did not report one: with --only-peers the worker ran the peers alone, so the
+    failure is theirs and tcexport's merged columns stay."""
+    return {"model": name, **({p: failure for p in peers} if only_peers else failure)}
 
 
 def _mark(r: dict | None) -> str:
@@ -216,10 +219,9 @@ def markdown(table: dict) -> str:
         lines.append(f"| {r['model']}{' †' if r.get('from') else ''} | {r.get('family', '')} | {r.get('library', '')} | {_mark(r)} | "
                      f"{r.get('export_s', '')} | {size} | {err} |" + "".join(f" {_mark(r.get(p))} |" for p in peers))
     earlier = sorted({r["from"] for r in rows if r.get("from")})
-    if earlier and "--only-peers" in table["command"]:
-        ran = ", ".join(p for p in peers if f"--peers {p}" in table["command"] or f",{p}" in table["command"])
+    if earlier and table.get("only_peers"):
         lines += ["", f"† tcexport's columns (and the peer columns this run did not try) are from the merged table "
-                      f"({'; '.join(earlier)}); this run tried {ran}."]
+                      f"({'; '.join(earlier)}); this run tried {', '.join(table['only_peers'])}."]
     elif earlier:
         lines += ["", f"† not rerun here: the row is from the merged table ({'; '.join(earlier)})."]
     notes = [r for r in rows if r.get("note")]
@@ -287,8 +289,8 @@ def main(argv=None) -> int:
     def work(name: str) -> dict:
         left = min(args.timeout, end - time.monotonic())
         if left < MIN_SECONDS:
-            skipped = {"pass": None, "error": "NotRun", "message": f"past --deadline {args.deadline} s"}
-            return {"model": name, **({p: skipped for p in peers} if args.only_peers else skipped)}
+            return _failed(name, {"pass": None, "error": "NotRun", "message": f"past --deadline {args.deadline} s"},
+                           peers, args.only_peers)
         return _worker(name, peers, args.only_peers, int(left), args.device)
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -306,6 +308,7 @@ def main(argv=None) -> int:
     table = {"machine": machine_name(args.device), "date": datetime.date.today().isoformat(),
              "command": "python -m bench.zoo_table " + " ".join(argv if argv is not None else sys.argv[1:]),
              **_versions(args.device), **({"device": _device_name()} if args.device == "cuda" else {}),
+             **({"only_peers": peers} if args.only_peers else {}),
              "rows": sorted(by_name.values(), key=lambda r: order.index(r["model"]))}
     base = ROOT / "bench" / "results" / f"{table['machine']}-{table['date']}-zoo{'-cuda' * (args.device == 'cuda')}"
     base.with_suffix(".json").write_text(json.dumps(table, indent=1) + "\n")

@@ -255,6 +255,7 @@ def test_zoo_table_peers_only_run_keeps_tcexport_columns_and_counts_what_ran():
             {**merged, "model": "bert", "aoti": {"pass": None, "error": "NotRun"}},
             {**merged, "model": "t5", "aoti": {"pass": True}}]
     text = markdown({"machine": "m", "date": "d", "torch": "t", "rows": rows,
-                     "command": "python -m bench.zoo_table --peers aoti --only-peers --merge x.json"})
+                     "command": "python -m bench.zoo_table --peers aoti --only-peers --merge x.json",
+                     "only_peers": ["aoti"]})
     assert "tcexport: **3 / 3 pass**; aoti: 1 / 2" in text, text
     assert "this run tried aoti" in text and "| gpt2 † | decoder LM | transformers | pass |" in text, text

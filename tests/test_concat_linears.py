@@ -136,16 +136,20 @@ def block_package():
     return m, path, dump
 
 
+def _assert_matches(got, eager, ids, atol, rtol):
+    """The package's outputs against the eager block's at these ids."""
+    with torch.no_grad():
+        want = eager(torch.from_numpy(ids))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w.numpy(), atol=atol, rtol=rtol)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("batch, seq", [(1, 1), (3, 17), (8, 32)])
 def test_block_matches_eager_torch_free(block_package, batch, seq):
     eager, path, _ = block_package
     ids = np.random.default_rng(batch * seq).integers(0, 50, (batch, seq))
-    got = L.load(path)(ids)
-    with torch.no_grad():
-        want = eager(torch.from_numpy(ids))
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w.numpy(), atol=1e-5, rtol=1e-4)
+    _assert_matches(L.load(path)(ids), eager, ids, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -155,10 +159,7 @@ def test_block_gpu_kernels_in_the_interpreter(block_package):
     eager, path, _ = block_package
     ids = np.random.default_rng(4).integers(0, 50, (2, 9))
     (got,) = run_interpreted(path, [[ids]])
-    with torch.no_grad():
-        want = eager(torch.from_numpy(ids))
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-3)
+    _assert_matches(got, eager, ids, atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.slow

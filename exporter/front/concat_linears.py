@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tcexport.exporter.front.constants import (add_constant, drop_unused_constants, input_specs, is_constant, lookup,
+from tcexport.exporter.front.constants import (add_constant, finish_rewrite, input_specs, is_constant, lookup,
                                                rename_output)
 
 aten = torch.ops.aten
@@ -65,9 +65,7 @@ def concat_linears(ep: torch.export.ExportedProgram) -> list[str]:
         read |= {x for m in members for x in (m.weight, m.bias) if x is not None}
         notes.append(_join(ep, members, specs))
     if notes:
-        drop_unused_constants(ep, read, "joined linears")
-        ep.graph.lint()
-        ep.graph_module.recompile()
+        finish_rewrite(ep, read, "joined linears")
     return notes
 
 

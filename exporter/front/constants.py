@@ -73,6 +73,14 @@ def rename_output(ep, old: str, new: str) -> None:
             spec.arg = TensorArgument(name=new)
 
 
+def finish_rewrite(ep, read: set, why: str) -> None:
+    """After a rewrite replaced nodes: the constants it read and left unread dropped (drop_unused_constants), the
+    graph checked and the module's code regenerated."""
+    drop_unused_constants(ep, read, why)
+    ep.graph.lint()
+    ep.graph_module.recompile()
+
+
 def drop_unused_constants(ep, candidates: set, why: str) -> None:
     """Remove the placeholders among ``candidates`` (what a rewrite read) that nothing reads any more, their
     input specs, and the values no remaining spec names. Other unused constants are left as export made them.

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tcexport.exporter.front.constants import (add_constant, drop_unused_constants, input_specs, is_constant, lookup,
+from tcexport.exporter.front.constants import (add_constant, finish_rewrite, input_specs, is_constant, lookup,
                                                rename_output)
 
 aten = torch.ops.aten
@@ -45,9 +45,7 @@ def fold_batchnorm(ep: torch.export.ExportedProgram) -> list[str]:
         read |= {n for n in (*pair.conv.args[1:3], *pair.bn.args[1:5]) if n is not None}
         notes.append(_fold(ep, pair, specs))
     if notes:
-        drop_unused_constants(ep, read, "a folded batch norm")
-        ep.graph.lint()
-        ep.graph_module.recompile()
+        finish_rewrite(ep, read, "a folded batch norm")
     return notes
 
 

@@ -367,13 +367,19 @@ def _rereads_pay(body: ir.Value, readers: int) -> bool:
 RECOMPUTED_OPS = 16  # most operations a body may have and still be recomputed for a second use
 
 
+def _sites(p: ir.Node, readers: list) -> int:
+    """How many distinct elements of ``p`` its readers load, summed over them: a window's taps each count, and
+    hardswish's two reads of x at one index are one."""
+    return sum(len({v.index for v in ir.walk(r.body) if isinstance(v, ir.Load) and v.buffer == p.out.name})
+               for r in readers)
+
+
 def _recomputes_work(p: ir.Node, readers: list) -> bool:
     """Whether inlining ``p`` would compute its body several times per element it has: a reader that loads it at
     more than two places (each tap of a depthwise convolution's window or a pooling's), or several readers of a body
     of many operations (the taps' sum itself, read by a pooling and a product). _rereads_pay counts the buffers
     reread, not the work redone."""
-    sites = sum(len({v.index for v in ir.walk(r.body) if isinstance(v, ir.Load) and v.buffer == p.out.name})
-                for r in readers)  # distinct elements: hardswish's two reads of x at one index are one
+    sites = _sites(p, readers)
     ops = sum(1 for v in ir.walk(p.body) if isinstance(v, ir.Op))
     return sites > 2 * len(readers) or (len(readers) > 1 and ops > RECOMPUTED_OPS)
 
@@ -385,8 +391,7 @@ def _taps_reread(prog: ir.Program, p: ir.Node, readers: list) -> bool:
     11); a residual add before a 7x7 depthwise convolution does not (98 against 52: ConvNeXt's, whose two inputs
     are read through a transpose there, which also kept the window from its padded, vectorised form). Only the
     inputs as large as ``p`` count: a bias is one value per channel."""
-    sites = sum(len({v.index for v in ir.walk(r.body) if isinstance(v, ir.Load) and v.buffer == p.out.name})
-                for r in readers)
+    sites = _sites(p, readers)
     size = ir.product(p.ranges)
     inputs = len({v.buffer for v in ir.walk(p.body) if isinstance(v, ir.Load) and v.buffer in prog.buffers
                   and ir.same_size(prog.buffers[v.buffer].numel(), size)})
