@@ -1,5 +1,5 @@
-"""Experiments: one question each about a kernel or a call (on a GPU, but for cpu_gemm and cpu_gemm_ab), answered once
-and written up by hand in its results file under bench/results/ (named in the probe's docstring). Unlike the harness
+"""Experiments: one question each about a kernel or a call (on a GPU, but for the three cpu_ ones), answered once and
+written up by hand in its results file under bench/results/ (named in the probe's docstring). Unlike the harness
 (bench/run.py and the rest of bench/), a probe may time code the product does not ship (hand-written Triton kernels,
 other tiles) or build the product with a non-default option (exporter/options.py's CudaOptions), never by patching
 it. Each is `python -m bench.probes.NAME` with a `main(argv)`, `--help` works without a GPU, and importing one does
@@ -12,6 +12,7 @@ They share bench/probes/common.py (options, the GPT-2 export, a CUDA-graph timer
 | attention | variants of the attention kernel: P's precision, skipped blocks, the output layout, the mask |
 | cpu_gemm | the CPU package's GEMMs against torch and the machine's float32 peak, shape by shape |
 | cpu_gemm_ab | the CPU's own GEMM kernel against an earlier revision's, operands out of cache |
+| cpu_reduce_simd | a reduction's simd pragma on the nest or its innermost loop; pointers captured or bound again |
 | decode_gemm | a decode step's GEMMs (1 or 8 rows) over tile shapes and split-K |
 | call_overhead | what a call costs beyond its kernels: the index check, host phases, graph replay, launch calls |
 | dependent_launch | where a kernel lets the next one launch (CudaOptions.dependent_trigger) |

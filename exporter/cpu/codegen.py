@@ -106,10 +106,13 @@ def _for(var: str, extent, indent: str) -> str:
     return f"{indent}for (int64_t {var} = 0; {var} < {cindex(extent)}; ++{var}) {{"
 
 
-def _nest(vars_, extents, indent: str, inner) -> list[str]:
-    """``for`` loops over ``vars_`` around the lines ``inner(indent)`` returns for the innermost indent."""
+def _nest(vars_, extents, indent: str, inner, innermost: str | None = None) -> list[str]:
+    """``for`` loops over ``vars_`` around the lines ``inner(indent)`` returns for the innermost indent;
+    ``innermost`` (a pragma) goes right before the innermost loop."""
     lines = []
-    for var, ext in zip(vars_, extents):
+    for d, (var, ext) in enumerate(zip(vars_, extents)):
+        if innermost is not None and d == len(vars_) - 1:
+            lines.append(f"{indent}{innermost}")
         lines.append(_for(var, ext, indent))
         indent += "  "
     lines += inner(indent)
@@ -128,12 +131,13 @@ class CppKernelWriter:
         self.names = itertools.count()
         self.checked = [(s.node, ld) for s in k.stages if s.node.body is not None
                         for ld in ir.indirect_loads(s.node.body)]
+        self.bind = [f"const int64_t s_{s.name} = f.s_{s.name}; (void)s_{s.name};" for s in self.prog.symbols]
+        self.bind += [f"{self._ptr_decl(b)} = f.{b};" for b in sorted(self._buffers(k))]
         body = self._gemm(k) if k.kind == "gemm" else self._attention(k) if k.kind == "attention" else self._loops(k)
         if self.checked:
             body = ["  int tc_oob = 0;"] + body + [f"  if (tc_oob) throw std::out_of_range({self._oob_message(k)});"]
         head = [f"// {line}" for line in str(k).splitlines()]
-        bind = [f"  const int64_t s_{s.name} = f.s_{s.name}; (void)s_{s.name};" for s in self.prog.symbols]
-        bind += [f"  {self._ptr_decl(b)} = f.{b};" for b in sorted(self._buffers(k))]
+        bind = [f"  {line}" for line in self.bind]
         return "\n".join(head + [f"static void {k.name}(const Frame& f) {{"] + bind + body + ["}"])
 
     def _oob_message(self, k: Kernel) -> str:
@@ -210,7 +214,12 @@ class CppKernelWriter:
         threads claim (several per thread, so a thread the machine does not run holds up little); each chunk
         decodes its first position and then counts the nest's variables up."""
         params = [f"int64_t {v}" for v in vars_] + (["int& tc_oob"] if self.checked else [])
-        lines = [f"  auto body = [&]({', '.join(params)}) {{"] + body("    ") + ["  };"]
+        # The body binds the frame's pointers and sizes again, to locals of its own: read through the lambda's
+        # captures, they are loads GCC 12 leaves inside the loops of the copy the pool calls (not inlined), which
+        # then stay scalar (EfficientNet-b0's squeeze-excite pools took 4.4 ms of a call on 2 threads, 1.9 ms
+        # bound; python -m bench.probes.cpu_reduce_simd --parallel: 0.87 against 0.25 ns an element at 112x112).
+        lines = ([f"  auto body = [&]({', '.join(params)}) {{"] + [f"    {line}" for line in self.bind]
+                 + body("    ") + ["  };"])
 
         def nest(indent: str) -> list[str]:
             args = ", ".join(vars_ + (["tc_oob"] if self.checked else []))
@@ -301,7 +310,7 @@ class CppKernelWriter:
                 lines += em.lines
                 lines += self._store(k, s, val, locals_, indent)
             return lines
-        accs = []
+        accs, simd = [], None
         if loop.level == "reduce":
             for s in loop.stages:
                 t = CTYPE[s.node.out.dtype]
@@ -317,9 +326,11 @@ class CppKernelWriter:
                 lines += [f"{indent}{line}" for line in plans[id(s)][2]]
             clauses = [c for plan in plans.values() for c in plan[1]]
             if all(plan[1] for plan in plans.values()):
-                collapse = f" collapse({len(k.inner)})" if len(k.inner) > 1 else ""
-                reductions = " ".join(f"reduction({c})" for c in clauses)
-                lines.append(f"{indent}#pragma omp simd{collapse} {reductions}" + self._oob_clause())
+                # on the innermost loop, never collapse(n): GCC 12 vectorizes no collapsed reduction whose body
+                # selects (a clamp, a max, the exp in a sigmoid), and small planes sum faster this way too
+                # (python -m bench.probes.cpu_reduce_simd: 7x7 sums 1.30 against 0.23 ns an element, 56x56
+                # x*sigmoid(x) 3.52 against 0.99; only a plain sum over a large plane, 112x112, loses: 0.05/0.11)
+                simd = " ".join(["#pragma omp simd"] + [f"reduction({c})" for c in clauses]) + self._oob_clause()
         def step(inner_indent: str) -> list[str]:
             em = CppEmitter(self.prog, locals_, inner_indent, self.names)
             for s in loop.stages:
@@ -330,7 +341,7 @@ class CppKernelWriter:
                     em.lines += self._store(k, s, val, locals_, inner_indent)
             return em.lines
 
-        lines += _nest([f"q{d}" for d in range(len(k.inner))], k.inner, indent, step)
+        lines += _nest([f"q{d}" for d in range(len(k.inner))], k.inner, indent, step, simd)
         for s, acc in accs:
             lines += [f"{indent}{line}" for line in plans[id(s)][3]]
             lines += self._store(k, s, acc, locals_, indent)
