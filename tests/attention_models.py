@@ -1,5 +1,6 @@
 """Attention modules and inputs both backends' attention tests use (test_cuda_attention.py, test_cpu_attention.py):
-causal, masked and hand-written softmax attention, and queries over a static cache masked past their position."""
+causal, masked and hand-written softmax attention, and queries over a static cache masked past their position, its
+query heads one a KV head or several (grouped-query attention)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,27 @@ class CacheAttention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
-def cache_case(lq, position, seed, cache=512, dtype=torch.float32):
-    q, k, v = qkv(2, 3, lq, 32, lk=cache, seed=seed, dtype=dtype)
+class GroupedCacheAttention(CacheAttention):
+    """CacheAttention with fewer KV heads than query heads, repeated as transformers' ``repeat_kv`` does (an
+    expand and a reshape) or, with ``gqa``, by SDPA's own ``enable_gqa``."""
+
+    def __init__(self, gqa: bool = False):
+        super().__init__()
+        self.gqa = gqa
+
+    def forward(self, q, k, v, position):
+        keys = torch.arange(k.size(2))
+        keep = keys[None, :] <= (position + torch.arange(q.size(2)))[:, None]
+        if self.gqa:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+        b, hk, n, d = k.shape
+        r = q.size(1) // hk
+        k, v = (x[:, :, None].expand(b, hk, r, n, d).reshape(b, hk * r, n, d) for x in (k, v))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def cache_case(lq, position, seed, cache=512, dtype=torch.float32, heads=(3, 3)):
+    """Inputs of CacheAttention (``heads``: query heads and KV heads)."""
+    q, _, _ = qkv(2, heads[0], lq, 32, lk=cache, seed=seed, dtype=dtype)
+    _, k, v = qkv(2, heads[1], lq, 32, lk=cache, seed=seed + 1000, dtype=dtype)
     return [q, k, v, torch.tensor(position)]

@@ -16,7 +16,8 @@ from tcexport.exporter.pipeline import export  # noqa: E402
 from tcexport.exporter.check.interpret import run_interpreted  # noqa: E402
 from tcexport.loader.archive import open_archive  # noqa: E402
 from packages import MODELS, WORK  # noqa: E402
-from attention_models import CacheAttention, Causal, HandWritten, Masked, cache_case, qkv  # noqa: E402
+from attention_models import (CacheAttention, Causal, GroupedCacheAttention, HandWritten, Masked,  # noqa: E402
+                              cache_case, qkv)
 
 pytestmark = pytest.mark.slow
 
@@ -208,6 +209,25 @@ def test_few_query_rows_over_a_static_cache_split_the_keys_and_skip_empty_blocks
     cases = [cache_case(lq, pos, seed) for seed, (lq, pos) in
              enumerate([(1, 0), (1, 200), (1, 511), (5, 130), (16, 496), (17, 0), (40, 300)])]
     _check(path, CacheAttention(), cases)
+
+
+@pytest.mark.parametrize("gqa", [False, True], ids=["repeat_kv", "enable_gqa"])
+def test_query_heads_sharing_a_kv_head_take_one_program_of_the_split(gqa):
+    """Grouped-query attention, 16 query heads over 2 KV heads, repeated the way transformers does or by SDPA's
+    enable_gqa: each split program takes the 8 heads of a group as rows, reading their keys and values once
+    (schedule/split_kv.kv_group), so 2 x 16 heads run 4 programs a slice, and the 512 keys split 8 ways (one
+    64-key block a slice) instead of 4. Equal to eager on either side of the split, a group's rows spanning
+    two programs' row blocks (16 rows x 8 heads) included."""
+    from tcexport.formats import expr as ex
+
+    module = GroupedCacheAttention(gqa)
+    path = _export(module, cache_case(4, 3, 0, heads=(16, 2)), {"q": SEQ}, f"cache_gqa_{gqa}")
+    split = next(l for l in open_archive(path).manifest.cuda.launches if l.name.endswith("_split"))
+    assert split.block["SPLITS"] == 8 and ex.evaluate(split.grid[1], {"seq": 1}) == 4, (split.grid, split.block)
+    assert [ex.evaluate(split.grid[0], {"seq": seq}) for seq in (1, 16)] == [1, 2], split.grid
+    cases = [cache_case(lq, pos, seed, heads=(16, 2)) for seed, (lq, pos) in
+             enumerate([(1, 0), (1, 300), (5, 130), (16, 496), (17, 20)])]
+    _check(path, module, cases)
 
 
 def test_a_bfloat16_decode_step_over_a_split_cache_matches_eager_within_bf16():

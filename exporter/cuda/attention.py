@@ -36,53 +36,68 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
     split_p = v_dtype in HALF
     cast = ".to(tl.int64)" if sc.bits == 64 else ""
     ind, body = "    ", "        "
+    split = k.kv_split
+    group = 1 if split is None else split.group
     lines = [
         f"{ind}M = {tindex(g1.m)}",
         f"{ind}N = {tindex(g1.n)}",
         f"{ind}D = {tindex(g1.k)}",
         f"{ind}DV = {tindex(g2.n)}",
         f"{ind}pid = tl.program_id(0){cast}",
-        f"{ind}bid = tl.program_id(1){cast}",
-        f"{ind}rm = pid * BM + tl.arange(0, BM)",
+    ]
+    if group == 1:
+        lines += [f"{ind}bid = tl.program_id(1){cast}",
+                  f"{ind}rm = pid * BM + tl.arange(0, BM)",
+                  f"{ind}rmask = rm < M"]
+        kv_bid = "bid"
+    else:  # a program's rows are (head j of its group, query row m) pairs, row-major (schedule/split_kv.py)
+        lines += [f"{ind}rt = pid * BM + tl.arange(0, BM)",
+                  f"{ind}rmask = rt < M * {group}",
+                  f"{ind}rm = rt % M",
+                  f"{ind}bidv = tl.program_id(1){cast} * {group} + rt // M",
+                  f"{ind}bid = bidv[:, None]",
+                  f"{ind}kv_bid = tl.program_id(1){cast} * {group}"]
+        kv_bid = "kv_bid"
+    lines += [
         f"{ind}rd = tl.arange(0, BD)",
         f"{ind}rv = tl.arange(0, BDV)",
         f"{ind}rn0 = tl.arange(0, BN)",
     ]
     q_ptrs = operand_ptr(sc, g1.a, "bid", "rm[:, None]", "rd[None, :]", lines, ind)
     lines += [
-        f"{ind}q = tl.load({q_ptrs}, mask=(rm[:, None] < M) & (rd[None, :] < D), other=0.0){widen_q}",
+        f"{ind}q = tl.load({q_ptrs}, mask=rmask[:, None] & (rd[None, :] < D), other=0.0){widen_q}",
         f"{ind}m_i = tl.full((BM,), float('-inf'), tl.float32)",
         f"{ind}l_i = tl.zeros((BM,), dtype=tl.float32)",
         f"{ind}acc = tl.zeros((BM, BDV), dtype=tl.float32)",
     ]
-    split = k.kv_split
     if split is None:
         lines.append(f"{ind}for kk in range(0, tl.cdiv(N, BN)):")
-    else:  # this program's slice of the key blocks (schedule/split_kv.py)
+    else:  # this program's slice of the key blocks (schedule/split_kv.py), the blocks dealt evenly: 17 blocks
+        # over 16 slices are 2 for one slice and 1 for the others, where slices of cdiv(17, 16) leave 7 idle
         lines += [f"{ind}sid = tl.program_id(2){cast}",
-                  f"{ind}per = tl.cdiv(tl.cdiv(N, BN), SPLITS)",
-                  f"{ind}for kk in range(sid * per, tl.minimum(sid * per + per, tl.cdiv(N, BN))):"]
+                  f"{ind}nb = tl.cdiv(N, BN)",
+                  f"{ind}for kk in range(sid * nb // SPLITS, (sid + 1) * nb // SPLITS):"]
     lines += [f"{body}rn = kk * BN + rn0"]
-    lines.append(f"{body}smask = (rm[:, None] < M) & (rn[None, :] < N)")
+    lines.append(f"{body}smask = rmask[:, None] & (rn[None, :] < N)")
     if skips_masked_keys(k):  # a block whose scores are -inf whatever q and k are is skipped
         lines += [f"{body}s_zero = tl.zeros((BM, BN), dtype=tl.float32)"]
         zero = _scores(sc, k, "s_zero", body, lines)
         lines += [f"{body}if tl.sum(tl.sum(((({zero}) != float('-inf')) & smask).to(tl.int32), 1), 0) > 0:"]
         body += "    "
-    k_ptrs = operand_ptr(sc, g1.b, "bid", "rd[:, None]", "rn[None, :]", lines, body)
+    k_ptrs = operand_ptr(sc, g1.b, kv_bid, "rd[:, None]", "rn[None, :]", lines, body)
     lines += [
         f"{body}kt = tl.load({k_ptrs}, mask=(rd[:, None] < D) & (rn[None, :] < N), other=0.0){widen_k}",
         f"{body}s = tl.dot(q, kt{precision1})",
     ]
     s = _scores(sc, k, "s", body, lines)
-    v_ptrs = operand_ptr(sc, g2.b, "bid", "rn[:, None]", "rv[None, :]", lines, body)
+    v_ptrs = operand_ptr(sc, g2.b, kv_bid, "rn[:, None]", "rv[None, :]", lines, body)
     lines += _online_softmax_step(s, v_ptrs, v_dtype if split_p else None, body)
     lines.append(f"{body}m_i = m_new")
     if split is not None:
         return lines + _slice_stores(sc, k, split, ind)
     lines += [
         f"{ind}acc = acc / l_i[:, None]",
-        f"{ind}mask = (rm[:, None] < M) & (rv[None, :] < DV)",
+        f"{ind}mask = rmask[:, None] & (rv[None, :] < DV)",
     ]
     if pv.body is not None:
         lines += gemm_coords(pv, "rm[:, None]", "rv[None, :]", ind)
@@ -94,15 +109,16 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
 
 
 def _slice_stores(sc: LaunchScope, k: Kernel, split, ind: str) -> list[str]:
-    """A slice's results: its unnormalised output and its running max and sum, at (slice, batch, row)."""
-    acc_buf, stats_buf = (sc.prog.buffers[b] for b in (split.acc, split.stats))
+    """A slice's results: its unnormalised output and its running max and sum, at (slice, batch, row) (a
+    program of a group has a batch entry per row)."""
+    acc_buf = sc.prog.buffers[split.acc]
     rows = tindex(acc_buf.shape[2])
-    at = f"((sid * ({tindex(acc_buf.shape[1])}) + bid) * {rows} + rm)"
+    at = f"((sid * ({tindex(acc_buf.shape[1])}) + {'bid' if split.group == 1 else 'bidv'}) * {rows} + rm)"
     return [
         f"{ind}tl.store({sc.use(split.acc)} + {at}[:, None] * DV + rv[None, :], acc, "
-        f"mask=(rm[:, None] < M) & (rv[None, :] < DV))",
-        f"{ind}tl.store({sc.use(split.stats)} + {at} * 2, m_i, mask=rm < M)",
-        f"{ind}tl.store({split.stats} + {at} * 2 + 1, l_i, mask=rm < M)",
+        f"mask=rmask[:, None] & (rv[None, :] < DV))",
+        f"{ind}tl.store({sc.use(split.stats)} + {at} * 2, m_i, mask=rmask)",
+        f"{ind}tl.store({split.stats} + {at} * 2 + 1, l_i, mask=rmask)",
     ]
 
 
@@ -126,19 +142,21 @@ def _scores(sc: LaunchScope, k: Kernel, product: str, ind: str, lines: list) -> 
 
 def attention_tiles(prog: ir.Program, k: Kernel) -> AttentionConfig:
     """The heuristic tiles of an attention kernel (tiles.attention_config) from its head dims and query rows; a
-    slice kernel of split-KV runs for at most SPLIT_M rows, whatever the rows' range (a decode step: one)."""
+    slice kernel of split-KV runs for at most SPLIT_M rows a head, whatever the rows' range (a decode step: one),
+    times the heads of its group."""
     g1, g2 = k.stages[0].node.gemm, k.stages[-1].node.gemm
     q_dtype = prog.buffers[g1.a.buffer].dtype
     rows = upper_bound(g1.m, symbol_bounds(prog))
     if k.kv_split is not None:
-        rows = SPLIT_M if rows is None else min(rows, SPLIT_M)
+        rows = (SPLIT_M if rows is None else min(rows, SPLIT_M)) * k.kv_split.group
     return attention_config(q_dtype, int(g1.k), int(g2.n), rows)
 
 
 def attention_geometry(k: Kernel, cfg: AttentionConfig) -> Geometry:
     g1 = k.stages[0].node.gemm
-    slices = k.kv_split.slices if k.kv_split is not None else 1
-    grid = (FloorDiv(g1.m + cfg.bm - 1, cfg.bm), sympy.sympify(g1.batch), sympy.Integer(slices))
+    slices, group = (k.kv_split.slices, k.kv_split.group) if k.kv_split is not None else (1, 1)
+    grid = (FloorDiv(g1.m * group + cfg.bm - 1, cfg.bm), FloorDiv(sympy.sympify(g1.batch), group),
+            sympy.Integer(slices))
     constexprs = {"BM": cfg.bm, "BN": cfg.bn, "BD": cfg.bd, "BDV": cfg.bdv}
     if k.kv_split is not None:
         constexprs["SPLITS"] = slices

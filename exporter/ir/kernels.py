@@ -55,6 +55,7 @@ class KvSplit:
     slices: int
     acc: str     # float32 [slices, batch, rows, dv]: the slice's probabilities (unnormalised) times the values
     stats: str   # float32 [slices, batch, rows, 2]: the slice's running max and sum of the scores' exponentials
+    group: int = 1  # batch entries (query heads) sharing one K/V view whose rows a program takes together
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Kernel:
             head += f" registers={sorted(self.local)}"
         if self.kv_split is not None:
             head += f" kv_split={self.kv_split.slices} -> {self.kv_split.acc}, {self.kv_split.stats}"
+            head += f" group={self.kv_split.group}" if self.kv_split.group > 1 else ""
         if self.when is not None:
             head += f" when={self.when}"
         return "\n".join([head] + [f"    {s.level:6} {s.node}" for s in self.stages])

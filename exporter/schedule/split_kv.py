@@ -14,6 +14,12 @@ keys are all masked gives NaN, as the unsplit kernel and the unfused softmax do.
 ``[M <= SPLIT_M]`` in their grids and the original keeps ``[M > SPLIT_M]``, as split_k.py does, so exactly one
 path runs per shape. Only a static key count splits (a static KV cache, where it pays): a dynamic one is the
 query's own length in self-attention, and few query rows then mean few keys.
+
+Grouped-query attention reads one K/V head for several query heads (the K and V views index the batch by
+``i0 // r``). P then takes a group's rows together (``KvSplit.group``): a decode step of a Llama with 4 query
+heads a KV head fills 4 rows of a program's 16 instead of 1, and reads each block of keys and values once per
+group instead of once per query head. With that many fewer programs a head's keys split that much finer (down
+to one 64-key block a slice), so the programs stay as many and each walks fewer blocks.
 """
 
 from __future__ import annotations
@@ -29,16 +35,43 @@ from tcexport.exporter.ir.kernels import Kernel, KvSplit
 from tcexport.exporter.schedule.fuse import new_kernel, simplify_in_ranges
 
 SPLIT_M = 16          # query rows a head up to which the keys split: a decode step, a few speculative tokens
-KEYS_PER_SLICE = 128  # a slice covers at least this many keys (two of the kernel's 64-key blocks)
+KEYS_PER_SLICE = 128  # a slice covers at least this many keys (two of the kernel's 64-key blocks)...
+MIN_KEYS_PER_SLICE = 64  # ...or one block, when a program takes a group of heads (see the module's docstring)
 MAX_SLICES = 16
+MAX_GROUP = 8         # query heads a program takes together at most
 
 
-def slices(keys) -> int:
-    """How many slices a static key count splits into (1: none)."""
+def slices(keys, group: int = 1) -> int:
+    """How many slices a static key count splits into (1: none), for programs that each take ``group`` heads."""
     keys = sympy.sympify(keys)
     if not keys.is_Integer:
         return 1
-    return max(1, min(MAX_SLICES, int(keys) // KEYS_PER_SLICE))
+    n = int(keys)
+    return max(1, min(MAX_SLICES, n // KEYS_PER_SLICE * group, n // MIN_KEYS_PER_SLICE))
+
+
+def kv_group(k: Kernel) -> int:
+    """The largest r (a power of two up to MAX_GROUP) such that batch entries r*g .. r*g + r - 1 of an attention
+    kernel read the same keys and values: the K and V views' indices do not depend on i0 % r (grouped-query
+    attention's repeated KV heads, however the model repeats them), and r divides the batch."""
+    g1, g2 = k.stages[0].node.gemm, k.stages[-1].node.gemm
+    batch = sympy.sympify(g1.batch)
+    r = MAX_GROUP
+    while r > 1:
+        if sympy.Mod(batch, r) == 0 and all(_batch_group_invariant(op, batch, r) for op in (g1.b, g2.b)):
+            return r
+        r //= 2
+    return 1
+
+
+def _batch_group_invariant(op: ir.GemmOperand, batch, r: int) -> bool:
+    if op.index is None:
+        return sympy.sympify(op.batch_stride) == 0
+    g = sympy.Symbol("kv_g", integer=True, nonnegative=True)
+    j = sympy.Symbol("kv_j", integer=True, nonnegative=True)
+    ranges = {g: batch / r, j: sympy.Integer(r)}
+    at = {ir.ivar(0): r * g + j}
+    return all(j not in simplify_in_ranges(sympy.sympify(e).xreplace(at), ranges).free_symbols for e in op.index)
 
 
 def split_kv(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
@@ -56,7 +89,8 @@ def _split(prog: ir.Program, k: Kernel, bounds: dict) -> list[Kernel] | None:
     if k.kind != "attention" or k.when is not None or k.kv_split is not None:
         return None
     g1, pv = k.stages[0].node.gemm, k.stages[-1].node
-    s = slices(g1.n)
+    group = kv_group(k)
+    s = slices(g1.n, group)
     m_max = upper_bound(g1.m, bounds)
     if s == 1 or sympy.sympify(g1.m).is_Integer and int(g1.m) > SPLIT_M:
         return None
@@ -67,7 +101,7 @@ def _split(prog: ir.Program, k: Kernel, bounds: dict) -> list[Kernel] | None:
                       "temp")
     prog.buffers[acc.name] = acc
     prog.buffers[stats.name] = stats
-    p = dataclasses.replace(k, name=f"{k.name}_split", kv_split=KvSplit(s, acc.name, stats.name))
+    p = dataclasses.replace(k, name=f"{k.name}_split", kv_split=KvSplit(s, acc.name, stats.name, group))
     r = new_kernel(ir.Node(f"{pv.name}_combine", "pointwise", pv.out, body=_combined(pv, g1.m, acc, stats, s),
                            source=pv.source), 0)
     r.name = f"{k.name}_combine"
