@@ -78,7 +78,7 @@ def unique_weight_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
+def run_model(kind: str, args, peaks: dict, rows: list, notes: list, profiles: list) -> None:
     device, dtype = args.device, DTYPES[args.dtype]
     cache = max(args.contexts) + 64
     file = load_lm_file(kind, args.size, cache, args.batch)
@@ -176,17 +176,18 @@ def run_model(kind: str, args, peaks: dict, rows: list, notes: list) -> None:
 
 
     if args.profile and device == "cuda":
-        profile_decode(kind, backends, pkg_path, tok, max(args.contexts), notes)
+        profile_decode(kind, backends, pkg_path, tok, max(args.contexts), notes, profiles)
         if args.prefill:
-            profile_decode(kind, backends, pkg_path, tok, min(args.contexts), notes, prefill=True)
+            for context in sorted({min(args.contexts), max(args.contexts)}):
+                profile_decode(kind, backends, pkg_path, tok, context, notes, profiles, prefill=True)
 
 
-def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes: list,
+def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes: list, profiles: list,
                    prefill: bool = False) -> None:
     """Where a decode step's time goes (``prefill``: a prefill of ``context`` tokens): each backend's kernels
     under torch.profiler (count, total, by kind, the largest), beside its measured latency. tcpkg is loaded again
     without CUDA graphs so that each kernel shows under its own name; the gap between the kernel total and the
-    latency is launch and host time."""
+    latency is launch and host time. ``profiles`` gains each backend's time per kernel (the results' json)."""
     from tcexport.loader import load
 
     runs = dict(backends)
@@ -200,14 +201,17 @@ def profile_decode(kind: str, backends: dict, pkg_path, tok, context: int, notes
         if name == "eager":
             continue
         try:
-            notes.append(f"{kind}: where {what} goes, {name}: "
-                         + kernel_profile(lambda: fn(ids, pos)))
+            summary, us = kernel_profile(lambda: fn(ids, pos))
+            notes.append(f"{kind}: where {what} goes, {name}: {summary}")
+            profiles.append(dict(model=kind, backend=name, phase="prefill" if prefill else "decode",
+                                 context=context, us=dict(sorted(us.items(), key=lambda kv: -kv[1]))))
         except Exception as e:  # noqa: BLE001
             notes.append(f"{kind}: profiling {name} failed: {type(e).__name__}: {str(e)[:200]}")
 
 
-def kernel_profile(fn, calls: int = 5) -> str:
-    """``fn``'s GPU kernels per call: how many, their total time, the time by kind and the five largest."""
+def kernel_profile(fn, calls: int = 5) -> tuple[str, dict]:
+    """``fn``'s GPU kernels per call: a summary (how many, their total time, the time by kind and the five
+    largest) and the microseconds of each kernel."""
     import collections
     import re
 
@@ -233,7 +237,7 @@ def kernel_profile(fn, calls: int = 5) -> str:
     top = sorted(us.items(), key=lambda kv: -kv[1])[:5]
     return (f"{count:.0f} kernels, {sum(us.values()):.0f} us; by kind "
             + ", ".join(f"{k} {v:.0f} us ({per_kind[k]:.0f})" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
-            + "; largest " + ", ".join(f"{k[:48]} {v:.1f} us" for k, v in top))
+            + "; largest " + ", ".join(f"{k[:48]} {v:.1f} us" for k, v in top)), us
 
 
 class OnnxDecoder:
@@ -397,9 +401,9 @@ def main(argv=None) -> int:
     from bench.floors import machine_peaks
 
     peaks = machine_peaks(args.device, DTYPES[args.dtype], args.threads)
-    rows, notes = [], []
+    rows, notes, profiles = [], [], []
     for kind in args.models:
-        run_model(kind, args, peaks, rows, notes)
+        run_model(kind, args, peaks, rows, notes, profiles)
         torch.cuda.empty_cache() if args.device == "cuda" else None
     machine = (torch.cuda.get_device_name().lower().replace(" ", "-") if args.device == "cuda"
                else f"{os.cpu_count()}core-{platform.machine()}")
@@ -408,7 +412,7 @@ def main(argv=None) -> int:
     text = report(rows, notes, peaks, args)
     (RESULTS / f"{stem}.md").write_text(text)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"args": vars(args), "peaks": peaks, "rows": rows,
-                                                      "notes": notes}, indent=1, default=str))
+                                                      "notes": notes, "profiles": profiles}, indent=1, default=str))
     print(text)
     return 0
 
