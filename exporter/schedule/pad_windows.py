@@ -22,10 +22,12 @@ from tcexport.exporter.ir.kernels import Kernel, Stage
 from tcexport.exporter.schedule.fuse import new_kernel
 
 MIN_TAPS = 4        # fewer taps of one value than this (a pooling's 2x2, an im2col's one) are not worth a copy
-MIN_EDGE_TAPS = 4   # ... nor fewer scalar taps per output than this: the taps times the share of a row's positions
+MIN_EDGE_TAPS = 2   # ... nor fewer scalar taps per output than this: the taps times the share of a row's positions
 # that reach the padding (the renderer's edge path). MobileNetV3 at batch 8, 1 thread: its 5x5 layers at 7 and 14
 # wide (14 and 7 per output) ran 2.1x faster with their copies; its 3x3 layers at 28 and 56 wide (0.6 and 0.3)
-# lost more to the copy than they gained, 58.6 against 54.2 ms a call with every window copied.
+# lost more to the copy than they gained, 58.6 against 54.2 ms a call with every window copied. EfficientNet-b0's
+# 5x5 layer at 28 wide (3.6) gained: the model 0.95 of a call on 2 threads at batch 1 and 8 with 2 here instead
+# of 4 (python -m bench.package_ab); 1 (its 3x3 at 14 too, 1.3) measured the same as 2.
 
 
 def pad_windows(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
