@@ -45,19 +45,7 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
         f"{ind}DV = {tindex(g2.n)}",
         f"{ind}pid = tl.program_id(0){cast}",
     ]
-    if group == 1:
-        lines += [f"{ind}bid = tl.program_id(1){cast}",
-                  f"{ind}rm = pid * BM + tl.arange(0, BM)",
-                  f"{ind}rmask = rm < M"]
-        kv_bid = "bid"
-    else:  # a program's rows are (head j of its group, query row m) pairs, row-major (schedule/split_kv.py)
-        lines += [f"{ind}rt = pid * BM + tl.arange(0, BM)",
-                  f"{ind}rmask = rt < M * {group}",
-                  f"{ind}rm = rt % M",
-                  f"{ind}bidv = tl.program_id(1){cast} * {group} + rt // M",
-                  f"{ind}bid = bidv[:, None]",
-                  f"{ind}kv_bid = tl.program_id(1){cast} * {group}"]
-        kv_bid = "kv_bid"
+    kv_bid = _rows(group, cast, ind, lines)
     lines += [
         f"{ind}rd = tl.arange(0, BD)",
         f"{ind}rv = tl.arange(0, BDV)",
@@ -106,6 +94,24 @@ def attention_body(sc: LaunchScope, k: Kernel) -> list[str]:
     lines.append(f"{ind}tl.store({sc.use(pv.out.name)} + bid * (M * DV) + rm[:, None] * DV + rv[None, :], "
                  f"{stored(val, pv.out.dtype)}, mask=mask)")
     return lines
+
+
+def _rows(group: int, cast: str, ind: str, lines: list) -> str:
+    """A program's query rows (``rm``, ``rmask``) and batch entries (``bid``); returns the name of the batch entry
+    K and V are read at. With a group of heads (schedule/split_kv.py) its rows are (head j of the group, query row m)
+    pairs, row-major, each with a batch entry of its own, and the group's K/V view is its first entry's."""
+    if group == 1:
+        lines += [f"{ind}bid = tl.program_id(1){cast}",
+                  f"{ind}rm = pid * BM + tl.arange(0, BM)",
+                  f"{ind}rmask = rm < M"]
+        return "bid"
+    lines += [f"{ind}rt = pid * BM + tl.arange(0, BM)",
+              f"{ind}rmask = rt < M * {group}",
+              f"{ind}rm = rt % M",
+              f"{ind}bidv = tl.program_id(1){cast} * {group} + rt // M",
+              f"{ind}bid = bidv[:, None]",
+              f"{ind}kv_bid = tl.program_id(1){cast} * {group}"]
+    return "kv_bid"
 
 
 def _slice_stores(sc: LaunchScope, k: Kernel, split, ind: str) -> list[str]:
