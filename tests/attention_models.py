@@ -40,11 +40,14 @@ class CacheAttention(torch.nn.Module):
     """Queries of a dynamic length over a static cache of keys, masked beyond each query's position (a
     transformers static cache's decode step and prefill), the bool mask built from the position as there."""
 
-    def forward(self, q, k, v, position):
+    @staticmethod
+    def keep(q, k, position):
         keys = torch.arange(k.size(2))
         rows = position + torch.arange(q.size(2))
-        keep = keys[None, :] <= rows[:, None]
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return keys[None, :] <= rows[:, None]
+
+    def forward(self, q, k, v, position):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.keep(q, k, position))
 
 
 class GroupedCacheAttention(CacheAttention):
@@ -56,8 +59,7 @@ class GroupedCacheAttention(CacheAttention):
         self.gqa = gqa
 
     def forward(self, q, k, v, position):
-        keys = torch.arange(k.size(2))
-        keep = keys[None, :] <= (position + torch.arange(q.size(2)))[:, None]
+        keep = self.keep(q, k, position)
         if self.gqa:
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
         b, hk, n, d = k.shape

@@ -30,11 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PRELUDE = ROOT / "exporter/cpu/runtime/prelude.h"
 DEFAULT_PLANES = ["7x7", "14x14", "28x28", "56x56", "112x112"]
 
-HARNESS = r"""
-#include <algorithm>
-#include <chrono>
+# what the runtime's headers need before them (pool.h, then prelude.h, as a package's source has them)
+INCLUDES = r"""
+#include "pool.h"
 #include <cmath>
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,8 +42,10 @@ HARNESS = r"""
 #include <random>
 #include <stdexcept>
 #include <type_traits>
-#include <vector>
 #include "prelude.h"
+"""
+
+HARNESS = INCLUDES + r"""
 
 // one channel's plane of PH x PW: the codegen's reduce nest q0 (rows) x q1 (columns), static extents as a
 // package's are (PH and PW are compiled in, one program a plane size)
@@ -100,18 +101,7 @@ int main(int argc, char** argv) {  // seconds
 
 # --parallel: the kernel shape the codegen writes (a body lambda the pool calls out of line, exporter/cpu/codegen.py
 # _dispatch), its pointer read through the lambda's capture or bound again to a local at the top of the body
-PARALLEL = r"""
-#include "pool.h"
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <limits>
-#include <random>
-#include <stdexcept>
-#include <type_traits>
-#include "prelude.h"
+PARALLEL = INCLUDES + r"""
 
 struct Frame { const float* x; float* out; };
 
