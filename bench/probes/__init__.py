@@ -17,6 +17,7 @@ They share bench/probes/common.py (options, the GPT-2 export, a CUDA-graph timer
 | call_overhead | what a call costs beyond its kernels: the index check, host phases, graph replay, launch calls |
 | dependent_launch | where a kernel lets the next one launch (CudaOptions.dependent_trigger) |
 | epilogue | what GEMM epilogues cost: bias, GELU forms, residual, indices per element or per row |
+| gemm_table | 16-bit GEMM tiles over a grid of shapes and row bands: the table the exporter ships |
 | gemm_tma | pointer loads against TMA descriptor loads against cuBLAS on GPT-2's GEMMs |
 | gpt2 | GPT-2 small in one process: against eager and torch.compile, kernels by kind, floor, cold start |
 | lm_head | the LM head persistent with TMA or one program per tile, inside the model (CudaOptions.tma) |

@@ -6,10 +6,11 @@ attention), 2 = P as bf16 hi + lo in two dots (what the codegen does). SKIP: ski
 -inf. OUTL: write the output as [batch, seq, heads, d], the layout the projection reads. `--mask --graph`: the mask
 read from its buffer against computed from the positions in the kernel, with the sequence length specialised as
 divisible by 16 (Triton's JIT) or not (what a package's ahead-of-time build knows), timed in a CUDA graph of 12
-launches.
+launches. `--sweep --shape B S H`: tiles x warps x stages of the codegen's variant and of flash attention's, at
+another shape (a ~1B Llama's prefill of 1024 tokens: `--shape 1 1024 32`).
 
 Results: bench/results/nvidia-h200-2026-11-29-gpt2-b8-where-time-goes.md,
-bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md."""
+bench/results/nvidia-h200-2026-11-30-gpt2-b8-kernels.md, bench/results/nvidia-h100-2026-12-07-gemm-table.md."""
 import torch
 import triton
 import triton.language as tl
@@ -68,20 +69,24 @@ attn_ns = triton.jit(_attn, do_not_specialize=["S"])  # as the package's AOT bui
 
 B, S, H, D = 8, 128, 12, 64
 CONFIGS = ((64, 64, 4, 2), (64, 128, 4, 1), (128, 128, 8, 2), (64, 64, 4, 1), (32, 64, 4, 2))
+SWEEP = ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+         (128, 128, 8, 2), (64, 128, 4, 2), (128, 32, 4, 2), (256, 64, 8, 2))
 MASK_CONFIGS = ((64, 64, 4, 2), (64, 128, 4, 1), (64, 128, 4, 2))
 
 
 class Trials:
-    """GPT-2 small's batch-8 attention inputs, the float32 SDPA reference, and one timed, checked launch per call."""
+    """Causal attention inputs (GPT-2 small's at batch 8 unless told: b batch entries, s tokens, h heads of D), the
+    float32 SDPA reference, and one timed, checked launch per call."""
 
-    def __init__(self, graph: bool):
+    def __init__(self, graph: bool, b: int = B, s: int = S, h: int = H):
         self.graph = graph  # time 12 launches in a CUDA graph (as in the model) rather than with do_bench
-        self.qkv = torch.randn(B * S, 3 * H * D, device="cuda", dtype=torch.bfloat16)
-        causal = torch.full((S, S), float("-inf"), device="cuda").triu(1)
-        self.maskb = causal.expand(B, S, S).contiguous()
-        self.q, self.k, self.v = self.qkv.view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)
+        self.b, self.s, self.h = b, s, h
+        self.qkv = torch.randn(self.b * self.s, 3 * self.h * D, device="cuda", dtype=torch.bfloat16)
+        causal = torch.full((self.s, self.s), float("-inf"), device="cuda").triu(1)
+        self.maskb = causal.expand(self.b, self.s, self.s).contiguous()
+        self.q, self.k, self.v = self.qkv.view(self.b, self.s, 3, self.h, D).permute(2, 0, 3, 1, 4)
         self.ref = torch.nn.functional.scaled_dot_product_attention(self.q.float(), self.k.float(), self.v.float(),
-                                                                    is_causal=True)  # B,H,S,D
+                                                                    is_causal=True)  # b, h, s, D
 
     def sdpa_ms(self) -> float:
         return do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(self.q, self.k, self.v,
@@ -89,13 +94,13 @@ class Trials:
 
     def __call__(self, BM, BN, warps, stages, PV16, SKIP, OUTL, MASKGEN=False, kernel=None):
         """(ms, tile config, variant, relative error), or None if the launch failed (printed)."""
-        out = torch.empty(B * S * H * D, device="cuda", dtype=torch.bfloat16)
-        grid = (triton.cdiv(S, BM), B * H)
-        fn = lambda: (kernel or attn)[grid](self.qkv, self.maskb, out, S, H, BM, BN, PV16, SKIP, OUTL, MASKGEN,
-                                            num_warps=warps, num_stages=stages)
+        out = torch.empty(self.b * self.s * self.h * D, device="cuda", dtype=torch.bfloat16)
+        grid = (triton.cdiv(self.s, BM), self.b * self.h)
+        fn = lambda: (kernel or attn)[grid](self.qkv, self.maskb, out, self.s, self.h, BM, BN, PV16, SKIP, OUTL,
+                                            MASKGEN, num_warps=warps, num_stages=stages)
         try:
             fn()
-            got = out.view(B, S, H, D).transpose(1, 2) if OUTL else out.view(B, H, S, D)
+            got = out.view(self.b, self.s, self.h, D).transpose(1, 2) if OUTL else out.view(self.b, self.h, self.s, D)
             err = ((got.float() - self.ref).norm() / self.ref.norm()).item()
             t = graph_us([fn] * 12) / 1e3 if self.graph else do_bench(fn)
         except Exception as e:  # noqa: BLE001 - a variant the compiler rejects is reported, not fatal
@@ -124,12 +129,22 @@ def main(argv=None):
     p = parser(__doc__)
     p.add_argument("--mask", action="store_true", help="the mask loaded against computed in the kernel only")
     p.add_argument("--graph", action="store_true", help="time 12 launches in a CUDA graph instead of do_bench")
+    p.add_argument("--shape", type=int, nargs=3, metavar=("B", "S", "H"), default=(B, S, H),
+                   help="batch, tokens, heads (of 64) instead of GPT-2 small's at batch 8")
+    p.add_argument("--sweep", action="store_true",
+                   help="tiles x warps x stages (SWEEP) of the codegen's variant (split P, masked blocks skipped), "
+                        "and of flash attention's (P in bf16)")
     args = p.parse_args(argv)
     require_gpu()
-    trial = Trials(args.graph)
-    print(f"torch sdpa (bf16, is_causal) {trial.sdpa_ms()*1e3:.1f} us", flush=True)
+    trial = Trials(args.graph, *args.shape)
+    print(f"torch sdpa (bf16, is_causal) {trial.sdpa_ms()*1e3:.1f} us, shape (B, S, H) {tuple(args.shape)}", flush=True)
     if args.mask:
         mask_variants(trial)
+        return
+    if args.sweep:
+        for PV16 in (2, 1):
+            for cfg in SWEEP:
+                show(trial(*cfg, PV16, 1, 0))
         return
     for cfg in CONFIGS:
         for PV16 in (0, 1, 2):
