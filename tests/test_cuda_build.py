@@ -76,12 +76,13 @@ def test_cubins_for_each_arch_with_cpu_alongside():
 
 
 def test_each_arch_gets_kernels_that_fit_its_shared_memory():
-    """The tiles' pipelines are as deep as an H100/H200 allows (a 16-bit GEMM of many rows: 5 stages, 120 KB);
-    sm_86 (99 KB a block) gets the same kernels with fewer stages, not cubins that would fail to launch."""
+    """The tiles' pipelines are as deep as an H100/H200 allows (a 16-bit 2048x2048 GEMM of many rows: the measured
+    table's 128x128x64 tiles in 4 stages, 128 KB); sm_86 (99 KB a block) gets the same kernels with fewer stages,
+    not cubins that would fail to launch."""
     from tcexport.exporter.cuda.build import shared_limit
 
-    x = torch.randn(8, 768).to(torch.bfloat16)
-    pkg = export(torch.nn.Linear(768, 768).to(torch.bfloat16), (x,), {"input": {0: ("batch", 1, 2048)}},
+    x = torch.randn(8, 2048).to(torch.bfloat16)
+    pkg = export(torch.nn.Linear(2048, 2048).to(torch.bfloat16), (x,), {"input": {0: ("batch", 1, 2048)}},
                  "cuda:sm_86,sm_90", name="linear_bf16", cache_dir=WORK / "cache")
     shared = {int(b.target.split("_")[1]): {c.kernel: c.shared for c in pkg.manifest.cubins(b.isa)} for b in pkg.manifest.kernels}
     assert max(shared[90].values()) > shared_limit(86)

@@ -85,7 +85,9 @@ def test_cubins_for_every_training_launch(cubin_package):
 
 
 def test_inference_launches_are_the_inference_only_packages():
-    """--backward adds entry points; the inference launch list is what a plain CUDA export packages."""
+    """--backward adds entry points; the inference launch list is what a plain CUDA export packages, but for the
+    weights' layout: a plain package stores its linear weights [K, N] (front/weights_kn.py), a training package the
+    model's parameters as they are, so their kernels read them by other strides."""
     from tcexport.exporter.front.model_file import load_model_file
     from tcexport.exporter.pipeline import export
     from training_packages import MODEL_FILES
@@ -94,7 +96,11 @@ def test_inference_launches_are_the_inference_only_packages():
     plain = export(spec.module, spec.example_inputs, spec.dynamic_shapes, "cuda:sm_90", name="mlp",
                    build_cubins=False).manifest
     trained = open_archive(training_package("mlp", "x", targets="cuda:sm_90", build_cubins=False)).manifest
-    assert trained.cuda.launches == plain.cuda.launches
+    same = lambda launches: [(x.name, x.grid, x.block, x.num_warps, x.num_stages) for x in launches]  # noqa: E731
+    assert same(trained.cuda.launches) == same(plain.cuda.launches)
+    stored_kn = {w.name for w in plain.weights if w.name.endswith(".T")}
+    assert stored_kn and {w.name for w in plain.weights} - stored_kn | {n[:-2] for n in stored_kn} \
+        == {w.name for w in trained.weights}
     assert trained.cuda.workspace_bytes == plain.cuda.workspace_bytes
 
 

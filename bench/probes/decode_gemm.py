@@ -8,7 +8,8 @@ configs, each with its weight bandwidth (GB/s) and its program count.
     python -m bench.probes.decode_gemm [--rows 1 8] [--layers 8]       # on a GPU machine
     TRITON_INTERPRET=1 python -m bench.probes.decode_gemm --check     # correctness on the CPU, small shapes
 
-Results: bench/results/nvidia-h100-2026-12-06-decode-gemm.md."""
+Results: bench/results/nvidia-h100-2026-12-06-decode-gemm.md, bench/results/nvidia-h100-2026-12-07-gemm-table.md
+(`--layout kn`)."""
 import itertools
 
 import torch
@@ -67,7 +68,7 @@ SHAPES = {  # name: (N, K, weight stored [N, K]); GPT-2's LM head is tied to the
 CHECK_SHAPES = {"small": (96, 512, False), "small wt": (80, 256, True)}
 
 
-def exporter(n: int, k: int):
+def exporter(n: int, k: int, wt: bool):
     """The tiles and slices the exporter gives this GEMM at a few rows (cuda/tiles.py's FEW_TILE, split_k.py's
     few_slices)."""
     from tcexport.exporter.cuda.tiles import gemm_config
@@ -75,7 +76,7 @@ def exporter(n: int, k: int):
     from tcexport.exporter.schedule.split_k import few_slices
 
     s = few_slices(n, k)
-    cfg = gemm_config("bfloat16", FEW_M, n, k // s)
+    cfg = gemm_config("bfloat16", FEW_M, n, k // s, b_nk=wt, batch=s)
     return cfg.bm, cfg.bn, cfg.bk, s, cfg.num_warps, cfg.num_stages
 
 
@@ -96,7 +97,7 @@ def configs(k: int, check: bool):
     if check:
         yield from ((16, 32, 64, s, 4, 2) for s in (1, 2, 4))
         return
-    for bn, bk, s, warps, stages in itertools.product((16, 32, 64, 128), (128, 256), (1, 2, 4, 8, 16),
+    for bn, bk, s, warps, stages in itertools.product((16, 32, 64, 128), (64, 128, 256), (1, 2, 4, 8, 16),
                                                       (2, 4), (3, 5)):
         if k % (s * bk) == 0 and (warps == 2) == (bn <= 32):
             yield 16, bn, bk, s, warps, stages
@@ -108,11 +109,15 @@ def main(argv=None):
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     p.add_argument("--layers", type=int, default=8, help="launches a graph holds, each with its own weight")
     p.add_argument("--shapes", nargs="+", default=None, help="names from SHAPES (default: all)")
+    p.add_argument("--layout", choices=("model", "kn", "nk"), default="model",
+                   help="each weight as its model stores it, or every one [K, N] (what a package stores a linear's "
+                        "weight as for a GPU, front/weights_kn.py) or [N, K]")
     args = p.parse_args(argv)
     mode = run_mode(args)
     dev, dt = mode.device, mode.dtype
     shapes = CHECK_SHAPES if args.check else {k: v for k, v in SHAPES.items() if not args.shapes or k in args.shapes}
     for (name, (N, K, wt)), M in itertools.product(shapes.items(), args.rows):
+        wt = wt if args.layout == "model" else args.layout == "nk"
         layers = 2 if args.check else (args.layers if N * K < 2 ** 26 else 2)
         a = torch.randn(M, K, device=dev, dtype=dt)
         ws = [torch.randn(*((N, K) if wt else (K, N)), device=dev, dtype=dt) * 0.05 for _ in range(layers)]
@@ -124,7 +129,7 @@ def main(argv=None):
         res = []
         cands = list(configs(K, args.check))
         if not args.check:
-            cands.append(exporter(N, K))
+            cands.append(exporter(N, K, wt))
         for cfg in cands:
             fns, programs = zip(*(launcher(a, w, c, part, bias, M, N, K, cfg, wt) for w, c in zip(ws, cs)))
             try:
@@ -137,7 +142,7 @@ def main(argv=None):
             for c, r in zip(cs, refs):
                 err = ((c.float() - r).norm() / r.norm()).item()
                 assert err < 2e-2, (name, M, cfg, err)
-            mine = not args.check and cfg == exporter(N, K)
+            mine = not args.check and cfg == exporter(N, K, wt)
             label = "{}x{}x{} S{} w{} s{}".format(*cfg) + (" (exporter)" if mine else "")
             res.append((0.0 if args.check else graph_us(list(fns)), label, programs[0]))
         if args.check:
@@ -147,7 +152,8 @@ def main(argv=None):
                torch.addmm(bias, a, w, out=c) for w, c in zip(ws, cs)]
         cub = graph_us(lin)
         res.sort()
-        print(f"{name} M={M} N={N} K={K}: cuBLAS {cub:.2f} us ({gbs(cub):.0f} GB/s)", flush=True)
+        layout = "[N,K]" if wt else "[K,N]"
+        print(f"{name} M={M} N={N} K={K} {layout}: cuBLAS {cub:.2f} us ({gbs(cub):.0f} GB/s)", flush=True)
         for t, label, programs in res[:6] + [r for r in res if "exporter" in r[1]]:
             print(f"  {t:7.2f} us {gbs(t):5.0f} GB/s {programs:5d} programs  {label}", flush=True)
 

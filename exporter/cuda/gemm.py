@@ -281,8 +281,17 @@ def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool) -> list:
         m_max = hi if m_max is None else (m_max if hi is None else min(m_max, hi))
         when = k.when if k.when is not None else when
     tma = tma and tma_views(prog, g) is not None
-    return [(suffix, when * band, cfg)
-            for suffix, band, cfg in gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min)]
+    batch = int(g.batch) if sympy.sympify(g.batch).is_Integer else 1
+    return [(suffix, when * band, cfg) for suffix, band, cfg in
+            gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min, b_nk=weight_nk(g.b), batch=batch)]
+
+
+def weight_nk(op: ir.GemmOperand) -> bool:
+    """Whether B ([K, N] as the GEMM reads it) is stored [N, K] (a Linear's weight): K contiguous, N not. The two
+    layouts load differently and took different tiles when measured (cuda/gemm_table.py)."""
+    if op.index is not None or op.rows is not None:
+        return False
+    return sympy.sympify(op.row_stride) == 1 and sympy.sympify(op.col_stride) != 1
 
 
 def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) -> list[str]:

@@ -12,6 +12,7 @@ import sympy
 from torch.utils._sympy.functions import FloorDiv
 
 from tcexport.exporter.cuda.exprs import HALF, next_pow2
+from tcexport.exporter.cuda.gemm_table import measured_tiles
 from tcexport.exporter.errors import BuildError
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.bounds import upper_bound
@@ -98,12 +99,21 @@ against 18.8 us, its LM head 46 against 59 us; cuBLAS 14.5 and 50). A GEMV witho
 weight tile in registers) was slower in the model (H200, GPT-2 0.880 against 0.689 ms a step): a memory-bound
 step has tensor-core work to spare."""
 
+FEW_KN_TILE = (16, 64, 64, 4, 5)
+"""FEW_TILE's counterpart for a weight stored [K, N] (front/weights_kn.py) with columns enough for FEW_PROGRAMS
+programs of 64: 16 columns of such a weight are 32 bytes a K-row, and a ~1B Llama's LM head took 59.9 us with
+FEW_TILE against 45.7-46.7 us with 64 columns (the best of 120 configs; 46.7 with its weight [N, K] and FEW_TILE),
+its MLP up-projection 16.0 against 14.4, its down-projection (4 slices) 17.8 against 15.8; a 2048-column projection
+keeps FEW_TILE: 7.3 us, as with [N, K] (python -m bench.probes.decode_gemm --layout kn, H100;
+bench/results/nvidia-h100-2026-12-07-gemm-table.md)."""
+FEW_PROGRAMS = 128  # programs (column tiles times K slices) a decode step's GEMM needs to fill an H100's 132 SMs
+
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (launches.unaligned)
 
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None,
-                tma: bool = False) -> GemmConfig:
+                tma: bool = False, b_nk: bool = False, batch: int = 1) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
     to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
     a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
@@ -113,17 +123,26 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     rows: 5.6 us against 8.7), and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
     K needs. At most FEW_M rows in 16-bit floats: FEW_TILE. ``m_max`` (None: unbounded) says which band of rows
-    the GEMM runs for.
+    the GEMM runs for; ``batch``, how many GEMMs one launch runs (split-K's slices).
 
     A vocabulary-sized N with many rows, when ``tma`` (both operands can be read through TMA descriptors,
     gemm.tma_views), is persistent: one program per SM walks its tiles and Triton pipelines the next
     tile's loads under this one's epilogue. GPT-2's LM head at 1024 rows, 128x256x64 tiles: in the model 134 us
     with 4 stages, against 175 us one program per tile, and a call 785 against 827 us (python -m
     bench.probes.lm_head); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
-    without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm)."""
+    without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm).
+
+    Above FEW_M rows, a 16-bit GEMM whose weight shape lies near one measured on a GPU takes the measured tiles
+    (cuda/gemm_table.py: per row band, (N, K) and whether the weight ``b_nk``, stored [N, K]); these heuristics
+    are for the rest. A few rows over a weight stored [K, N] take FEW_KN_TILE where it leaves enough programs."""
     small_m = m_max is not None and m_max <= SMALL_M
     if dtype in HALF and m_max is not None and m_max <= FEW_M:
-        bm, bn, bk, warps, stages = FEW_TILE
+        wide = not b_nk and n_max is not None and -(-n_max // FEW_KN_TILE[1]) * batch >= FEW_PROGRAMS
+        bm, bn, bk, warps, stages = FEW_KN_TILE if wide else FEW_TILE
+        return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
+    measured = measured_tiles(small_m, n_max, k_max, b_nk) if dtype in HALF else None
+    if measured is not None:
+        bm, bn, bk, warps, stages = measured
         return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
     if dtype in HALF:
         if n_max is not None and n_max <= 1024 and not small_m:
@@ -151,7 +170,7 @@ def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int |
 
 
 def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None,
-                  tma: bool = False, m_min: int = 1) -> list:
+                  tma: bool = False, m_min: int = 1, b_nk: bool = False, batch: int = 1) -> list:
     """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take between
     ``m_min`` and ``m_max``: more than SMALL_M (large tiles), up to SMALL_M (small tiles), up to FEW_M (a decode
     step's: FEW_TILE), a prefill and a decode step through one graph. The condition is an integer expression, 1
@@ -159,15 +178,17 @@ def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: in
     skipped, SPEC §6a), so the choice is made per shape signature without any new manifest field."""
     m = sympy.sympify(m)
     if m.is_Integer:
-        return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, tma=tma))]
+        return [("", sympy.Integer(1), gemm_config(dtype, m_max, n_max, k_max, tma=tma, b_nk=b_nk, batch=batch))]
     bands = []  # (suffix, rows above, rows up to, config); the lowest band starts at 0
     if m_max is None or m_max > SMALL_M:
-        bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None, gemm_config(dtype, m_max, n_max, k_max, tma=tma)))
+        bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None,
+                      gemm_config(dtype, m_max, n_max, k_max, tma=tma, b_nk=b_nk)))
     if m_min <= SMALL_M and (m_max is None or m_max > FEW_M):
         bands.append((f"_m{SMALL_M}", FEW_M if m_min <= FEW_M else 0, SMALL_M,
-                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max)))
+                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, b_nk=b_nk)))
     if m_min <= FEW_M:
-        bands.append((f"_m{FEW_M}", 0, FEW_M, gemm_config(dtype, min(m_max or FEW_M, FEW_M), n_max, k_max)))
+        bands.append((f"_m{FEW_M}", 0, FEW_M, gemm_config(dtype, min(m_max or FEW_M, FEW_M), n_max, k_max,
+                                                           b_nk=b_nk, batch=batch)))
     merged = []  # a band whose config equals the one above it joins it
     for suffix, lo, hi, cfg in bands:
         if merged and merged[-1][3] == cfg:

@@ -1,5 +1,5 @@
 """Editing an exported program's constants (parameters, buffers, lifted constants) for the rewrites that bake
-new weights at export (fold_batchnorm.py, concat_linears.py), keeping the ExportedProgram valid
+new weights at export (fold_batchnorm.py, concat_linears.py, weights_kn.py), keeping the ExportedProgram valid
 (``ep.validate()``, ``ep.module()``): a new constant is a placeholder, a ``CONSTANT_TENSOR`` input spec and a
 value in ``ep.constants``, so lowering reads it like any other weight; one a rewrite left unread is removed from
 all three."""

@@ -38,10 +38,12 @@ CALLS = 20  # graph replays per timing
 ROUNDS = 3  # paired timings (current, candidate) per candidate; the median ratio counts
 AGREE = 2e-2  # relative distance of a candidate's outputs from the heuristic config's (16-bit rounding of sums)
 
-# (BM, BN, BK, warps, stages): Hopper-friendly tiles of 16-bit GEMMs, and float32's (full-precision dots)
+# (BM, BN, BK, warps, stages): Hopper-friendly tiles of 16-bit GEMMs (those cuda/gemm_table.py chose most often
+# among them), and float32's (full-precision dots)
 GEMM_HALF = [(64, 64, 128, 4, 3), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 3),
              (128, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (64, 256, 64, 4, 3),
-             (128, 128, 32, 4, 4), (64, 64, 64, 4, 4)]
+             (128, 128, 32, 4, 4), (64, 64, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 4),
+             (256, 128, 64, 8, 4)]
 GEMM_FEW = [(16, 16, 128, 2, 5), (16, 32, 128, 2, 5), (16, 64, 128, 4, 5), (16, 16, 256, 2, 3)]  # tiles.FEW_TILE's kin
 GEMM_FLOAT = [(64, 64, 32, 4, 3), (32, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
               (128, 128, 32, 8, 3), (64, 64, 64, 4, 2)]
