@@ -286,12 +286,14 @@ def gemm_variants_of(prog: ir.Program, k: Kernel, tma: bool) -> list:
             gemm_variants(dtype, g.m, m_max, n_max, k_max, tma=tma, m_min=m_min, b_nk=weight_nk(g.b), batch=batch)]
 
 
-def weight_nk(op: ir.GemmOperand) -> bool:
-    """Whether B ([K, N] as the GEMM reads it) is stored [N, K] (a Linear's weight): K contiguous, N not. The two
-    layouts load differently and took different tiles when measured (cuda/gemm_table.py)."""
+def weight_nk(op: ir.GemmOperand) -> bool | None:
+    """Whether B ([K, N] as the GEMM reads it) is stored [N, K] (a Linear's weight: K contiguous) or [K, N] (N
+    contiguous), or None for any other view (an index view, neither dim contiguous): the two layouts load
+    differently and took different tiles when measured (cuda/gemm_table.py); another view keeps the heuristics."""
     if op.index is not None or op.rows is not None:
-        return False
-    return sympy.sympify(op.row_stride) == 1 and sympy.sympify(op.col_stride) != 1
+        return None
+    row, col = sympy.sympify(op.row_stride), sympy.sympify(op.col_stride)
+    return True if row == 1 and col != 1 else False if col == 1 else None
 
 
 def tile_head(sc: LaunchScope, g: ir.Gemm, body: GemmBody, cast: str, ind: str) -> list[str]:

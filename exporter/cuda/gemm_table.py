@@ -3,7 +3,8 @@ same choice as one with: per row band (up to SMALL_M rows, or more), weight shap
 config of the template's loop with the lowest geomean over the band's row counts of its time over each count's best.
 Measured once on a GPU over a grid of shapes (python -m bench.probes.gemm_table, then its ``--fit``, which prints
 TABLE); a GEMM between grid points takes its nearest measured neighbour, and one far from the grid (a vocabulary-sized
-N, an unknown dim) keeps tiles.gemm_config's heuristics.
+N, an unknown dim) keeps tiles.gemm_config's heuristics. The small band serves 17 to 256 rows but was measured at 128
+and 256: a GEMM bounded by fewer rows has its BM cut to them (tiles.fit_gemm), untimed.
 """
 
 from __future__ import annotations

@@ -108,12 +108,14 @@ keeps FEW_TILE: 7.3 us, as with [N, K] (python -m bench.probes.decode_gemm --lay
 bench/results/nvidia-h100-2026-12-07-gemm-table.md)."""
 FEW_PROGRAMS = 128  # programs (column tiles times K slices) a decode step's GEMM needs to fill an H100's 132 SMs
 
+VOCABULARY_N = 16384  # columns past which a GEMM over many rows counts as an LM head (persistent with TMA)
+
 TUNABLE = ("gemm", "attention")  # the kernel kinds whose tiles --autotune chooses
 ALIGN = 16  # elements: a symbol a kernel's aligned variant knows to be a multiple of (launches.unaligned)
 
 
 def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | None,
-                tma: bool = False, b_nk: bool = False, batch: int = 1) -> GemmConfig:
+                tma: bool = False, b_nk: bool | None = None, batch: int = 1) -> GemmConfig:
     """Heuristics, from sweeps of this template on an H200 over GPT-2 small's GEMMs (M 128, 1024 and 4096; N 768
     to 50257; K 768, 3072), in CUDA graphs and in the model. 16-bit floats, with many rows: 64x128x64 tiles with
     a 5-stage pipeline (4 warps) up to 1024 columns (the down-projection at 1024 rows: 13.0-14.3 us in the model
@@ -123,7 +125,8 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     rows: 5.6 us against 8.7), and 128x128x64 for a vocabulary. float32 (full-precision dots) takes 64x64x32,
     float64 32x32x16. A small M, N or K shrinks its tile side (tl.dot needs at least 16); BK never exceeds what
     K needs. At most FEW_M rows in 16-bit floats: FEW_TILE. ``m_max`` (None: unbounded) says which band of rows
-    the GEMM runs for; ``batch``, how many GEMMs one launch runs (split-K's slices).
+    the GEMM runs for; ``batch``, how many GEMMs one launch runs (the grid's second dim: split-K's slices, a
+    batched GEMM's batch); ``b_nk``, whether B is stored [N, K] (True), [K, N] (False) or otherwise (None).
 
     A vocabulary-sized N with many rows, when ``tma`` (both operands can be read through TMA descriptors,
     gemm.tma_views), is persistent: one program per SM walks its tiles and Triton pipelines the next
@@ -132,15 +135,18 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
     bench.probes.lm_head); alone 144.5 against 167.5 us, cuBLAS 119 us on a padded N. Without TMA loads, or
     without flattening the tile loop, it was no faster alone (python -m bench.probes.persistent_gemm).
 
-    Above FEW_M rows, a 16-bit GEMM whose weight shape lies near one measured on a GPU takes the measured tiles
-    (cuda/gemm_table.py: per row band, (N, K) and whether the weight ``b_nk``, stored [N, K]); these heuristics
-    are for the rest. A few rows over a weight stored [K, N] take FEW_KN_TILE where it leaves enough programs."""
+    Above FEW_M rows, a single 16-bit GEMM (``batch`` 1: the table timed whole GEMMs, not split-K's slices) whose
+    weight shape lies near one measured on a GPU takes the measured tiles (cuda/gemm_table.py: per row band, (N, K)
+    and the weight's layout), unless it is a vocabulary-sized persistent one; these heuristics are for the rest. A
+    few rows over a weight stored [K, N] take FEW_KN_TILE where it leaves enough programs."""
     small_m = m_max is not None and m_max <= SMALL_M
     if dtype in HALF and m_max is not None and m_max <= FEW_M:
-        wide = not b_nk and n_max is not None and -(-n_max // FEW_KN_TILE[1]) * batch >= FEW_PROGRAMS
+        wide = b_nk is False and n_max is not None and -(-n_max // FEW_KN_TILE[1]) * batch >= FEW_PROGRAMS
         bm, bn, bk, warps, stages = FEW_KN_TILE if wide else FEW_TILE
         return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
-    measured = measured_tiles(small_m, n_max, k_max, b_nk) if dtype in HALF else None
+    vocabulary = tma and not small_m and (n_max is None or n_max > VOCABULARY_N)
+    measured = measured_tiles(small_m, n_max, k_max, b_nk) \
+        if dtype in HALF and b_nk is not None and batch == 1 and not vocabulary else None
     if measured is not None:
         bm, bn, bk, warps, stages = measured
         return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, stages), m_max, n_max, k_max)
@@ -149,7 +155,7 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 5
         elif n_max is not None and (n_max <= 1024 or small_m and n_max <= 16384):
             bm, bn, bk, warps, stages = 64, 64, 128, 4, 3
-        elif n_max is not None and n_max <= 16384:
+        elif n_max is not None and n_max <= VOCABULARY_N:
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
         else:
             bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if small_m else (128, 256, 64, 8, 3)
@@ -170,7 +176,7 @@ def fit_gemm(cfg: GemmConfig, m_max: int | None, n_max: int | None, k_max: int |
 
 
 def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: int | None,
-                  tma: bool = False, m_min: int = 1, b_nk: bool = False, batch: int = 1) -> list:
+                  tma: bool = False, m_min: int = 1, b_nk: bool | None = None, batch: int = 1) -> list:
     """[(suffix, condition, config)]: one config, or, when M is symbolic, one per band of rows it may take between
     ``m_min`` and ``m_max``: more than SMALL_M (large tiles), up to SMALL_M (small tiles), up to FEW_M (a decode
     step's: FEW_TILE), a prefill and a decode step through one graph. The condition is an integer expression, 1
@@ -182,10 +188,10 @@ def gemm_variants(dtype: str, m, m_max: int | None, n_max: int | None, k_max: in
     bands = []  # (suffix, rows above, rows up to, config); the lowest band starts at 0
     if m_max is None or m_max > SMALL_M:
         bands.append(("", SMALL_M if m_min <= SMALL_M else 0, None,
-                      gemm_config(dtype, m_max, n_max, k_max, tma=tma, b_nk=b_nk)))
+                      gemm_config(dtype, m_max, n_max, k_max, tma=tma, b_nk=b_nk, batch=batch)))
     if m_min <= SMALL_M and (m_max is None or m_max > FEW_M):
         bands.append((f"_m{SMALL_M}", FEW_M if m_min <= FEW_M else 0, SMALL_M,
-                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, b_nk=b_nk)))
+                      gemm_config(dtype, min(m_max or SMALL_M, SMALL_M), n_max, k_max, b_nk=b_nk, batch=batch)))
     if m_min <= FEW_M:
         bands.append((f"_m{FEW_M}", 0, FEW_M, gemm_config(dtype, min(m_max or FEW_M, FEW_M), n_max, k_max,
                                                            b_nk=b_nk, batch=batch)))

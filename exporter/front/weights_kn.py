@@ -79,7 +79,8 @@ def _private_weight(node: torch.fx.Node, specs: dict, ep) -> tuple | None:
     if not is_constant(x, specs, ep) or [u for u in x.users if not _dtype_check(u)] != [cast or b]:
         return None
     value = lookup(ep, specs[x.name])
-    return (x, cast, b) if value.dim() == 2 and value.shape[0] * value.element_size() % ROW_ALIGN == 0 else None
+    read = cast.meta["val"] if cast is not None else value  # what the GEMM's rows hold: the cast's dtype
+    return (x, cast, b) if value.dim() == 2 and value.shape[0] * read.element_size() % ROW_ALIGN == 0 else None
 
 
 def _dtype_check(node: torch.fx.Node) -> bool:
@@ -89,4 +90,5 @@ def _dtype_check(node: torch.fx.Node) -> bool:
 
 
 def _call(x, targets) -> bool:
+    """Whether ``x`` is a node calling one of ``targets``."""
     return isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in targets
