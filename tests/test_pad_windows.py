@@ -82,3 +82,33 @@ def test_a_select_with_any_other_condition_is_not_a_tap():
     assert tap(prog, ir.Op("float32", "where", (inside, load, ir.Const("float32", -1.0)))) is None
     shifted = ir.Op("bool", "ge", (ir.IndexValue("int64", i - 1), ir.Const("int64", 0)))
     assert tap(prog, ir.Op("float32", "where", (shifted, load, ir.Const("float32", 0.0)))) is None
+
+
+class _ChannelsLast(nn.Module):
+    """ConvNeXt's first block: a 7x7 depthwise layer over a map its stem left channels-last ([n, h, w, c])."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.dw = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+
+    def forward(self, x):
+        return self.dw(torch.relu(x).permute(0, 3, 1, 2))
+
+
+def test_a_window_over_a_permuted_map_reads_a_copy_laid_out_as_it_walks(tmp_path):
+    """The copy is [n, c, h + 6, w + 6], the order the window walks, not x's [n, h, w, c]: its taps are then plain
+    loads along the row and the edge taps count along w, so it is copied at all."""
+    model, cpp = exported_with_source(_ChannelsLast().eval(), (torch.randn(2, 14, 14, 8),),
+                                      {"x": {0: ("batch", 1, 8)}}, tmp_path)
+    copies = [line for line in cpp.splitlines() if line.startswith("static void") and "_pad" in line]
+    assert len(copies) == 1, copies
+    window = copies[0].split("(")[0].split()[-1].split("_pad")[0]
+    body = cpp.split(f"static void {window}(", 1)[1].split("\n}\n", 1)[0]
+    assert "tc_keep" not in body and "std::max" not in body and "tc_edge" not in body
+    assert "_pad [loops] outer=[batch, 8, 20, 20] inner=[]" in cpp  # the copy's own loops, over its layout
+    for batch in (1, 5):
+        x = torch.randn(batch, 14, 14, 8, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            want = _ChannelsLast().eval()(x)
+        np.testing.assert_allclose(model(x.numpy()), want.numpy(), rtol=1e-5, atol=1e-5)
