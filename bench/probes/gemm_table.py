@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from bench.probes.common import add_check_option, parser
+from bench.probes.common import add_check_option, graph_us, parser
 
 MS = (128, 256, 512, 1024, 4096)
 SMALL_M = 256  # schedule/small_m.SMALL_M: the row bands fitted apart
@@ -32,26 +32,7 @@ CONFIGS = (  # BM, BN, BK, warps, stages
     (256, 128, 64, 8, 3), (256, 128, 64, 8, 4), (64, 256, 64, 4, 3), (64, 256, 64, 8, 4),
 )
 GROUP_M = 8
-
-
-def timer(fns, reps: int = 5) -> float:
-    """Median per-launch us of ``fns`` in one CUDA graph (lighter than common.graph_us: thousands of cells)."""
-    import torch
-
-    for f in fns:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1e3 / len(fns))
-    return sorted(ts)[len(ts) // 2]
+REPS = 5  # graph replays a cell: thousands of cells, each a median of few
 
 
 def sweep(ms, ns, ks, configs, deadline: float, check: bool, save=None) -> list:
@@ -85,11 +66,11 @@ def sweep(ms, ns, ks, configs, deadline: float, check: bool, save=None) -> list:
                 continue
             err = ((cs[0].float() - ref).norm() / ref.norm()).item()
             assert err < 2e-2, (m, n, k, wt, (bm, bn, bk, warps, stages), err)
-            row["times"][f"{bm}x{bn}x{bk} w{warps} s{stages}"] = 0.0 if check else round(timer(fns), 2)
+            row["times"][f"{bm}x{bn}x{bk} w{warps} s{stages}"] = 0.0 if check else round(graph_us(fns, REPS), 2)
         if not check:
             lin = [lambda w=w, c=c: torch.nn.functional.linear(a, w, out=c) if wt else torch.mm(a, w, out=c)
                    for w, c in zip(ws, cs)]
-            row["cublas"] = round(timer(lin), 2)
+            row["cublas"] = round(graph_us(lin, REPS), 2)
             best = min(row["times"].items(), key=lambda kv: kv[1])
             print(f"M={m} N={n} K={k} {'[N,K]' if wt else '[K,N]'}: cuBLAS {row['cublas']} us, best {best[1]} us "
                   f"{best[0]} ({2 * m * n * k / best[1] / 1e6:.0f} TFLOP/s)", flush=True)
