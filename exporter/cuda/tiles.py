@@ -159,7 +159,7 @@ def gemm_config(dtype: str, m_max: int | None, n_max: int | None, k_max: int | N
             bm, bn, bk, warps, stages = 64, 128, 64, 4, 3
         else:
             bm, bn, bk, warps, stages = (128, 128, 64, 8, 3) if small_m else (128, 256, 64, 8, 3)
-            if tma and not small_m:
+            if vocabulary:
                 return fit_gemm(GemmConfig(bm, bn, bk, 8, warps, 4, persistent=True), m_max, n_max, k_max)
     elif dtype == "float32":
         bm, bn, bk, warps, stages = 64, 64, 32, 4, 3

@@ -23,14 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tcexport.exporter.front.constants import (add_constant, finish_rewrite, input_specs, is_constant, lookup,
-                                               rename_output)
+from tcexport.exporter.front.constants import (CASTS, add_constant, finish_rewrite, input_specs, is_constant,
+                                               is_dtype_cast, lookup, rename_output)
 
 aten = torch.ops.aten
-prims = torch.ops.prims
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-_CASTS = (aten._to_copy.default, prims.convert_element_type.default)
 _LAYOUT = (aten.permute.default, aten.expand.default, aten.slice.Tensor, aten.unsqueeze.default,
            aten.squeeze.dim, aten.clone.default, aten.transpose.int)
 
@@ -81,8 +79,8 @@ def _through_cast(node, user) -> tuple:
     else or shared."""
     if not isinstance(node, torch.fx.Node) or not _only_user(node, user):
         return None, None
-    if node.op == "call_function" and node.target in _CASTS:
-        if node.target is aten._to_copy.default and set(node.kwargs) - {"dtype"}:
+    if node.op == "call_function" and node.target in CASTS:
+        if not is_dtype_cast(node):
             return None, None
         inner = node.args[0]
         if not isinstance(inner, torch.fx.Node) or not _only_user(inner, node):
@@ -164,7 +162,7 @@ def _elementwise_reach(node: torch.fx.Node) -> set:
                 seen.add(u)
                 if u.target is operator.getitem or u.target in _VIEWS or u.target in _LAYOUT:
                     nxt.append(u)
-                elif u.target in _CASTS or isinstance(u.target, torch._ops.OpOverload) \
+                elif u.target in CASTS or isinstance(u.target, torch._ops.OpOverload) \
                         and torch.Tag.pointwise in u.target.tags:
                     out.add(u)
                     nxt.append(u)

@@ -14,6 +14,14 @@ from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 from tcexport.exporter.errors import CaptureError
 
 CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+CASTS = (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+
+
+def is_dtype_cast(node) -> bool:
+    """Whether ``node`` only changes its input's dtype (a ``_to_copy`` with no other argument, or a
+    ``convert_element_type``): the casts the weight rewrites look through to the constant behind them."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in CASTS and \
+        not (node.target is torch.ops.aten._to_copy.default and set(node.kwargs) - {"dtype"})
 
 
 def input_specs(ep) -> dict:

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from tcexport.exporter.front.constants import add_constant, finish_rewrite, input_specs, is_constant, lookup
+from tcexport.exporter.front.constants import (add_constant, finish_rewrite, input_specs, is_constant,
+                                               is_dtype_cast, lookup)
 
 aten = torch.ops.aten
-_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 _ASSERT_META = aten._assert_tensor_metadata.default
 ROW_ALIGN = 16  # bytes a stored [K, N] row must be a whole number of
 
@@ -43,7 +43,7 @@ def weights_kn(ep: torch.export.ExportedProgram) -> list[str]:
         value = lookup(ep, specs[weight.name]).detach()
         key = specs[weight.name].target
         stored = add_constant(ep, specs, key + ".T", value.t().contiguous(), like=weight)
-        for check in [u for u in weight.users if u.target is _ASSERT_META]:
+        for check in [u for u in weight.users if _dtype_check(u)]:
             check.replace_input_with(weight, stored)
         b = stored
         if cast is not None:
@@ -72,8 +72,8 @@ def _private_weight(node: torch.fx.Node, specs: dict, ep) -> tuple | None:
             or b in node.args[:-1]:
         return None
     x, cast = b.args[0], None
-    if _call(x, _CASTS):
-        if list(x.users) != [b] or x.target is aten._to_copy.default and set(x.kwargs) - {"dtype"}:
+    if is_dtype_cast(x):
+        if list(x.users) != [b]:
             return None
         x, cast = x.args[0], x
     if not is_constant(x, specs, ep) or [u for u in x.users if not _dtype_check(u)] != [cast or b]:
