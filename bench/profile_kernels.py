@@ -4,7 +4,8 @@
 
 Exports the model, instruments a copy of the generated C++ with a timer around each kernel call (the package
 itself is never instrumented: timers would be global state in a library that must stay re-entrant), builds it,
-runs it through the loader's own calling convention, and prints each kernel's share of the call.
+runs it through the loader's own calling convention, and prints each kernel's share of the call (a GEMM kernel's
+product timed apart from the epilogue pass after it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,18 @@ def instrument(cpp: str) -> tuple[str, list[str]]:
         cpp = re.sub(rf"(\n    (?:if \(.*\) )?){n}\(f\);",
                      lambda m, n=n, i=i: f"{m.group(1)}{{ auto t0 = std::chrono::steady_clock::now(); {n}(f); tc_prof[{i}] += "
                      f"std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }}", cpp, count=1)
-    return cpp + '\nextern "C" double* tc_prof_ptr() { return tc_prof; }\n', names
+    cpp = cpp.replace("namespace {\nstruct Frame", f"double tc_prof_gemm[{max(len(names), 1)}];\nnamespace {{\nstruct Frame", 1)
+    for i, n in enumerate(names):  # a GEMM kernel's product apart from its epilogue pass
+        head = f"static void {n}(const Frame& f) {{"
+        at = cpp.find(head)
+        call = re.compile(r"\n(  tc_gemm<.*?\);\n)", re.S).search(cpp, at) if at >= 0 else None
+        if call is None or cpp.find("\n}\n", at) < call.start():
+            continue
+        timed = (f"\n  {{ auto tg0 = std::chrono::steady_clock::now();\n{call.group(1)}  tc_prof_gemm[{i}] += "
+                 "std::chrono::duration<double>(std::chrono::steady_clock::now() - tg0).count(); }\n")
+        cpp = cpp[:call.start()] + timed + cpp[call.end():]
+    return cpp + ('\nextern "C" double* tc_prof_ptr() { return tc_prof; }\n'
+                  'extern "C" double* tc_prof_gemm_ptr() { return tc_prof_gemm; }\n'), names
 
 
 def main(argv=None) -> None:
@@ -63,19 +75,21 @@ def main(argv=None) -> None:
           for t in spec.example_inputs]
     for _ in range(10):
         model(*xs)
-    prof = lib.tc_prof_ptr()
+    lib.tc_prof_gemm_ptr.restype = ctypes.POINTER(ctypes.c_double)
+    prof, prof_gemm = lib.tc_prof_ptr(), lib.tc_prof_gemm_ptr()
     for i in range(len(names)):
-        prof[i] = 0.0
+        prof[i] = prof_gemm[i] = 0.0
     t0 = time.perf_counter()
     for _ in range(args.calls):
         model(*xs)
     total = (time.perf_counter() - t0) / args.calls * 1e6
-    kernels = sorted(((prof[i] / args.calls * 1e6, n) for i, n in enumerate(names)), reverse=True)
-    inside = sum(us for us, _ in kernels)
+    kernels = sorted(((prof[i] / args.calls * 1e6, n, prof_gemm[i] / args.calls * 1e6) for i, n in enumerate(names)),
+                     reverse=True)
+    inside = sum(us for us, _, _ in kernels)
     print(f"{args.model_file} batch {args.batch}, {args.threads} thread(s), ISA {isa}: {total:.1f} us per call, "
           f"{inside:.1f} us in kernels, {total - inside:.1f} us in the loader and the call")
-    for us, n in kernels:
-        print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {n}")
+    for us, n, gemm in kernels:
+        print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {n}" + (f"  (GEMM {gemm:.1f} us)" if gemm else ""))
 
 
 if __name__ == "__main__":
