@@ -361,13 +361,34 @@ def _strided(x: TensorRef, batched: bool) -> ir.GemmOperand | None:
         cs = sympy.Integer(1)
     if rows == 1 and rs != 1:
         rs = sympy.Integer(1) if cs != 1 else cols
+    return ir.GemmOperand(x.buffer.name, offset, bs, rs, cs) if _blas_layout(rs, cs, rows, cols) else None
+
+
+def _blas_layout(rs, cs, rows, cols) -> bool:
+    """Whether a rows x cols view with these strides is one a BLAS call takes: row-major with rows at least
+    ``cols`` apart, or column-major with columns at least ``rows`` apart."""
     if cs == 1 and rows != 1 and not ir.same_size(rs, cols) and not (sympy.expand(rs - cols).is_nonnegative):
-        return None
+        return False
     if cs != 1 and rs != 1:
+        return False
+    return not (rs == 1 and cs != 1 and not (ir.same_size(cs, rows) or sympy.expand(cs - rows).is_nonnegative))
+
+
+def _one_column_fold(ga: ir.GemmOperand, gb: ir.GemmOperand, batch, m, k):
+    """(a, b) of the single GEMM out[batch, m] = b_rows [batch, k] @ a^T [k, m] that a batched GEMM with one
+    column and a shared left operand computes (out[i, :, 0] = a @ b[i]), or None. A squeeze-excite block's 1x1
+    convolutions over the pooled map are such products: run as ``batch`` GEMMs of one column each, a tile's
+    lanes held one useful column in 32 (MobileNetV3-small at batch 8: 5.5 GFLOP/s, 9% of its call); as one
+    GEMM the weight is read once for all rows, and at batch 1 it is a matrix-vector product."""
+    if ga.index is not None or gb.index is not None or ga.rows is not None or gb.rows is not None or \
+            sympy.sympify(ga.batch_stride) != 0:
         return None
-    if rs == 1 and cs != 1 and not (ir.same_size(cs, rows) or sympy.expand(cs - rows).is_nonnegative):
+    rows = ir.GemmOperand(gb.buffer, gb.offset, sympy.Integer(0), gb.batch_stride, gb.row_stride)
+    weight = ir.GemmOperand(ga.buffer, ga.offset, sympy.Integer(0), ga.col_stride, ga.row_stride)
+    if not (_blas_layout(rows.row_stride, rows.col_stride, batch, k) and
+            _blas_layout(weight.row_stride, weight.col_stride, k, m)):
         return None
-    return ir.GemmOperand(x.buffer.name, offset, bs, rs, cs)
+    return rows, weight
 
 
 def _mm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> TensorRef:
@@ -392,7 +413,11 @@ def gemm(low: Lowering, val, a: TensorRef, b: TensorRef, batched: bool) -> Tenso
     ga, gb = _gemm_operand(low, a, batched), _gemm_operand(low, b, batched)
     buf = low.new_buffer(compute, shape)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
-    gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k, acc_dtype=compute)
+    folded = _one_column_fold(ga, gb, shape[0], m, k) if batched and sympy.sympify(n) == 1 else None
+    if folded is not None:  # the output's memory is the same: [batch, m, 1] is [1, batch, m]
+        gemm = ir.Gemm(*folded, sympy.Integer(1), shape[0], m, k, acc_dtype=compute)
+    else:
+        gemm = ir.Gemm(ga, gb, shape[0] if batched else sympy.Integer(1), m, n, k, acc_dtype=compute)
     low.nodes.append(ir.Node(low.fresh("n"), "gemm", buf, gemm=gemm, source=low.source()))
     return identity_ref(buf)
 
