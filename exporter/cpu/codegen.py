@@ -21,6 +21,7 @@ from tcexport.exporter.cpu.values import (CTYPE, HALF_CONVERSIONS, STORAGE_CTYPE
                                           loaded, stored)
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Loop, flat_position, ovar
+from tcexport.exporter.schedule.coalesce import merged_epilogue
 from tcexport.exporter.schedule.memory import MemoryPlan
 
 GEMM_ROUTINES = {"float32": "f.sgemm", "float64": "f.dgemm"}
@@ -464,23 +465,24 @@ class CppKernelWriter:
 
     def _epilogue(self, node: ir.Node, acc: str | None = None) -> list[str]:
         """The epilogue over the GEMM's output; the product is read from ``acc`` scratch when given."""
-        rank = len(node.ranges)
+        ranges, var_map = merged_epilogue(self.prog, node)  # a short map's rows as one loop (schedule/coalesce.py)
+        rank = len(ranges)
         ivars = [f"i{d}" for d in range(rank)]
         collapse = max(rank - 1, 1)
 
         def element(indent: str) -> list[str]:
-            flat = node.out.flat_index([ir.ivar(d) for d in range(rank)])
+            flat = node.out.flat_index([var_map[ir.ivar(d)] for d in range(len(node.ranges))])
             em = CppEmitter(self.prog, {node.out.name: f"{acc}[{cindex(flat)}]"} if acc else {}, indent, self.names)
-            val = em.emit(_without_final_round(node.body, node.out.dtype))
+            val = em.emit(_without_final_round(ir.subs_index(node.body, var_map), node.out.dtype))
             return em.lines + [f"{indent}{node.out.name}[{cindex(flat)}] = {stored(node.out.dtype, val)};"]
 
         def body(indent: str) -> list[str]:
-            return _nest(ivars[collapse:], node.ranges[collapse:], indent, element)
+            return _nest(ivars[collapse:], ranges[collapse:], indent, element)
 
         if rank == 0:
             return body("  ")
-        return self._dispatch(ivars[:collapse], node.ranges[:collapse],
-                              ir.product(node.ranges) * _element_weight([node.body]), body)
+        return self._dispatch(ivars[:collapse], ranges[:collapse], ir.product(ranges) * _element_weight([node.body]),
+                              body)
 
 # ---------------------------------------------------------------------------------------------------------
 # the translation unit

@@ -8,7 +8,8 @@ encoder 0.89-0.98x at 64-512 tokens, a Llama-style decoder over a 1088-entry cac
 keep the three kernels. A window sum with many clamped taps (a depthwise convolution) reads a zero-padded copy
 of its input (pad_windows.py), and one over rows shorter than a vector runs along that copy's rows laid end to end
 (window_planes.py); a convolution's GEMM reads its taps from a zero-padded copy of its input instead
-of im2col's columns (window_gemm.py).
+of im2col's columns (window_gemm.py). A pointwise loop over a small map runs over its positions as one loop
+(coalesce.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import Kernel, verify_kernels
 from tcexport.exporter.schedule.attention import attention_triples
+from tcexport.exporter.schedule.coalesce import coalesce
 from tcexport.exporter.schedule.pad_windows import pad_windows
 from tcexport.exporter.schedule.window_gemm import window_gemm
 from tcexport.exporter.schedule.window_planes import window_planes
@@ -32,6 +34,6 @@ def schedule_cpu(prog: ir.Program, kernels: list[Kernel], supported) -> list[Ker
             out.remove(b)
     out = window_gemm(prog, out)
     out = pad_windows(prog, out)
-    out = window_planes(prog, out)
+    out = coalesce(prog, window_planes(prog, out))
     verify_kernels(out)
     return out
