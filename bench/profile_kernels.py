@@ -5,7 +5,7 @@
 Exports the model, instruments a copy of the generated C++ with a timer around each kernel call (the package
 itself is never instrumented: timers would be global state in a library that must stay re-entrant), builds it,
 runs it through the loader's own calling convention, and prints each kernel's share of the call (a GEMM kernel's
-product timed apart from the epilogue pass after it).
+tc_gemm call timed apart from the rest of it: the epilogue pass, and for 16-bit or gathered operands their copies).
 """
 
 from __future__ import annotations

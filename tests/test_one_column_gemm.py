@@ -29,6 +29,20 @@ class _SqueezeExcite(nn.Module):
         return y * s
 
 
+class _SharedLeft(nn.Module):
+    """bmm of a shared [m, k] weight (expanded: batch stride 0) and one column per batch read through a slice and
+    a transpose ([B, 1, k + 2] -> [B, k, 1] at an offset of one)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.w = nn.Parameter(torch.randn(12, 20))
+
+    def forward(self, v):
+        col = v[:, :, 1:21].transpose(1, 2)
+        return torch.relu(torch.bmm(self.w.expand(v.shape[0], 12, 20), col))
+
+
 def _inputs(batch, seed=0):
     return (torch.randn(batch, 8, 5, 5, generator=torch.Generator().manual_seed(seed)),)
 
@@ -60,6 +74,21 @@ def test_matches_eager(package, batch):
     with torch.no_grad():
         want = _SqueezeExcite().eval()(x)
     np.testing.assert_allclose(model(x.numpy()), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_shared_left_bmm_over_a_strided_column_matches_eager(tmp_path, dynamic):
+    """A dynamic batch, and a static batch of 1 (its single row's stride is k, whatever the batch stride)."""
+    v = torch.randn(1 if not dynamic else 2, 1, 22, generator=torch.Generator().manual_seed(5))
+    shapes = {"v": {0: ("batch", 1, 16)}} if dynamic else None
+    model, _ = exported_with_source(_SharedLeft().eval(), (v,), shapes, tmp_path)
+    kernels = (tmp_path / "dump" / "kernels.txt").read_text()
+    assert re.search(r"gemm\(batch=1, m=(batch|1), n=12, k=20;", kernels), kernels
+    for b in ((1, 3, 16) if dynamic else (1,)):
+        x = torch.randn(b, 1, 22, generator=torch.Generator().manual_seed(b))
+        with torch.no_grad():
+            want = _SharedLeft().eval()(x)
+        np.testing.assert_allclose(model(x.numpy()), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

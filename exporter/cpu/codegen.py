@@ -21,7 +21,6 @@ from tcexport.exporter.cpu.values import (CTYPE, HALF_CONVERSIONS, STORAGE_CTYPE
                                           loaded, stored)
 from tcexport.exporter.ir import loops as ir
 from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Loop, flat_position, ovar
-from tcexport.exporter.schedule.coalesce import merged_epilogue
 from tcexport.exporter.schedule.memory import MemoryPlan
 
 GEMM_ROUTINES = {"float32": "f.sgemm", "float64": "f.dgemm"}
@@ -404,7 +403,7 @@ class CppKernelWriter:
             f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out}{rows});",
         ]
         if node.body is not None:
-            lines += self._epilogue(node, "tc_acc" if node.out.dtype != acc else None)
+            lines += self._epilogue(k, "tc_acc" if node.out.dtype != acc else None)
         return lines
 
     @staticmethod
@@ -463,9 +462,15 @@ class CppKernelWriter:
             return "kNoTrans", f"std::max<int64_t>({cindex(op.row_stride)}, std::max<int64_t>(1, {cindex(cols)}))"
         return "kTrans", f"std::max<int64_t>({cindex(op.col_stride)}, std::max<int64_t>(1, {cindex(rows)}))"
 
-    def _epilogue(self, node: ir.Node, acc: str | None = None) -> list[str]:
-        """The epilogue over the GEMM's output; the product is read from ``acc`` scratch when given."""
-        ranges, var_map = merged_epilogue(self.prog, node)  # a short map's rows as one loop (schedule/coalesce.py)
+    def _epilogue(self, k: Kernel, acc: str | None = None) -> list[str]:
+        """The epilogue over the GEMM's output, in the kernel's loops; the product is read from ``acc`` scratch
+        when given."""
+        node = k.stages[0].node
+        # a short map's rows may be one loop (schedule/coalesce.py): then the kernel's outer and the node's indices
+        # in its stage's var_map
+        var_map = k.stages[0].var_map
+        ranges = k.outer if var_map else node.ranges
+        var_map = var_map or {ir.ivar(d): ir.ivar(d) for d in range(len(node.ranges))}
         rank = len(ranges)
         ivars = [f"i{d}" for d in range(rank)]
         collapse = max(rank - 1, 1)

@@ -383,7 +383,9 @@ def _one_column_fold(ga: ir.GemmOperand, gb: ir.GemmOperand, batch, m, k):
     if ga.index is not None or gb.index is not None or ga.rows is not None or gb.rows is not None or \
             sympy.sympify(ga.batch_stride) != 0:
         return None
-    rows = ir.GemmOperand(gb.buffer, gb.offset, sympy.Integer(0), gb.batch_stride, gb.row_stride)
+    # one row (a static batch of 1): its stride is k, as _strided makes a single row's
+    rows = ir.GemmOperand(gb.buffer, gb.offset, sympy.Integer(0),
+                          k if sympy.sympify(batch) == 1 else gb.batch_stride, gb.row_stride)
     weight = ir.GemmOperand(ga.buffer, ga.offset, sympy.Integer(0), ga.col_stride, ga.row_stride)
     if not (_blas_layout(rows.row_stride, rows.col_stride, batch, k) and
             _blas_layout(weight.row_stride, weight.col_stride, k, m)):

@@ -2,11 +2,12 @@
 7x7, and a kernel over [batch, C, 14, 14] ran its innermost loop 14 long, one call of its body per row, gcc
 vectorising it as one 8-lane vector and scalars (MobileNetV3-small at batch 8 spent 4.5 of 16 ms in such
 pointwise kernels and GEMM epilogues). Where every index the kernel's stages read and write moves with its last two
-loop variables only as ``W * y + x`` (contiguous rows: the same position in every buffer, or none), the two loops
-are one of H * W positions; this repeats while the innermost loop is shorter than ``MAX_INNER`` and the loops
-outside still give the pool's threads ``MIN_ROWS`` pieces. A read along one of them alone (a per-row bias, a
-window's clamped tap) keeps the loops apart. The GEMM epilogue's own loops use ``merged_epilogue`` for the same
-test."""
+loop variables only as ``c * (W * y + x)`` (the two loops step through each buffer as one run, at a stride of its
+own), they are one loop of H * W positions; this repeats while the innermost loop is shorter than ``MAX_INNER``
+and the loops outside still give the pool's threads ``MIN_ROWS`` pieces at the smallest batch. A read along one
+of them alone (a per-row bias, a window's clamped tap) keeps the loops apart. A GEMM kernel's epilogue loops are
+merged by the same test: its outer becomes the merged loops, and its stage's var_map maps the node's index
+variables onto them (i0, i1, ...; cpu/codegen.py renders the epilogue from both)"""
 
 from __future__ import annotations
 
@@ -19,12 +20,23 @@ from tcexport.exporter.ir.kernels import Kernel, Stage, ovar
 from tcexport.exporter.ir.loops import FloorDiv, ModularIndexing
 
 MAX_INNER = 64  # four AVX-512 vectors of float32: longer rows already vectorise
-MIN_ROWS = 16    # the loops the pool shares out stay at least this many (a static count; a batch always does)
+MIN_ROWS = 16    # the loops the pool shares out stay at least this many at batch 1
 
 
 def coalesce(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with each pure pointwise loop kernel's short innermost loops merged (a new list)."""
-    return [_coalesced(prog, k) if k.kind == "loops" and not k.inner else k for k in kernels]
+    """``kernels`` with each pure pointwise loop kernel's and GEMM epilogue's short innermost loops merged (a new
+    list)."""
+    out = []
+    for k in kernels:
+        if k.kind == "loops" and not k.inner:
+            k = _coalesced(prog, k)
+        elif k.kind == "gemm" and k.stages[0].node.body is not None:
+            node = k.stages[0].node
+            ranges, var_map = _merged_epilogue(prog, node)
+            if len(ranges) < len(node.ranges):
+                k = dataclasses.replace(k, outer=ranges, stages=[Stage(node, "gemm", var_map)])
+        out.append(k)
+    return out
 
 
 def _coalesced(prog: ir.Program, k: Kernel) -> Kernel:
@@ -41,7 +53,7 @@ def _coalesced(prog: ir.Program, k: Kernel) -> Kernel:
     return k
 
 
-def merged_epilogue(prog: ir.Program, node: ir.Node) -> tuple[tuple, dict]:
+def _merged_epilogue(prog: ir.Program, node: ir.Node) -> tuple[tuple, dict]:
     """A GEMM node's epilogue loops with its short trailing ones merged by the same test as a loop kernel's:
     (the loops' extents, the node's index variables -> expressions of the loops' variables i0, i1, ...)."""
     ranges, var_map = tuple(node.ranges), {ir.ivar(d): ir.ivar(d) for d in range(len(node.ranges))}
@@ -61,8 +73,10 @@ def _short(extent) -> bool:
 
 
 def _enough(outer) -> bool:
+    """Whether loops of these extents are MIN_ROWS pieces at least, a size symbol (the batch) counted at 1."""
     rows = sympy.sympify(ir.product(outer))
-    return not rows.is_Integer or int(rows) >= MIN_ROWS
+    rows = sympy.sympify(rows.xreplace({v: sympy.Integer(1) for v in rows.free_symbols}))
+    return rows.is_Integer and int(rows) >= MIN_ROWS
 
 
 def _merge_map(d: int, width, var=ovar) -> dict:
