@@ -1,7 +1,7 @@
 """Pointwise loops over a small map run as one loop over its positions on the CPU (exporter/schedule/coalesce.py):
 a kernel and a GEMM epilogue over [batch, C, 7, 7] loop 49 long where every read moves with the map's position
 as a whole (a transposing read too), never merge the channels in (at batch 1 the pool would get one piece), and
-keep their rows where one read moves with the rows alone; every batch still matches eager, in float32 and with a
+keep their rows where one read moves with the rows alone; a mean over the map sums one loop of 49; every batch still matches eager, in float32 and with a
 bfloat16 GEMM whose product goes through float32 scratch."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class _SmallMaps(nn.Module):
 
     def forward(self, x, r, cl):
         return (torch.nn.functional.hardswish(self.pw(x)), torch.sigmoid(r * self.scale + 1), x * self.by_row,
-                cl.permute(0, 3, 1, 2) + 1)  # a channels-last map into NCHW: its positions read 16 floats apart
+                cl.permute(0, 3, 1, 2) + 1,  # a channels-last map into NCHW: its positions read 16 floats apart
+                (r * 2).mean((2, 3)))        # a pooled mean: its inner loops, 7 and 7, as one of 49
 
 
 def _inputs(batch, seed=0):
@@ -62,6 +63,8 @@ def test_a_whole_map_is_one_loop(package):
     bodies = [cpp.split(f"static void {n}(", 1)[1].split("\n}\n", 1)[0] for n in merged]
     assert any(re.search(r"\(16 \* o2\)", b) for b in bodies), bodies  # the channels-last read, 16 floats apart
     assert not any(16 * 49 in lengths for lengths in {**gemm, **pointwise}.values()), (gemm, pointwise)
+    reduce = _loops(cpp, "reduce")
+    assert any(49 in lengths and 7 not in lengths for lengths in reduce.values()), reduce
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])

@@ -7,7 +7,8 @@ own), they are one loop of H * W positions; this repeats while the innermost loo
 and the loops outside still give the pool's threads ``MIN_ROWS`` pieces at the smallest batch. A read along one
 of them alone (a per-row bias, a window's clamped tap) keeps the loops apart. A GEMM kernel's epilogue loops are
 merged by the same test: its outer becomes the merged loops, and its stage's var_map maps the node's index
-variables onto them (i0, i1, ...; cpu/codegen.py renders the epilogue from both)"""
+variables onto them (i0, i1, ...; cpu/codegen.py renders the epilogue from both); so are a reduction's inner
+loops (a pooled mean over the map)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import dataclasses
 import sympy
 
 from tcexport.exporter.ir import loops as ir
-from tcexport.exporter.ir.kernels import Kernel, Stage, ovar
+from tcexport.exporter.ir.kernels import ARG_REDUCTIONS, Kernel, Stage, ovar, qvar
 from tcexport.exporter.ir.loops import FloorDiv, ModularIndexing
 
 MAX_INNER = 64  # four AVX-512 vectors of float32: longer rows already vectorise
@@ -24,12 +25,14 @@ MIN_ROWS = 16    # the loops the pool shares out stay at least this many at batc
 
 
 def coalesce(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
-    """``kernels`` with each pure pointwise loop kernel's and GEMM epilogue's short innermost loops merged (a new
-    list)."""
+    """``kernels`` with each pure pointwise loop kernel's, GEMM epilogue's and reduction's short innermost loops
+    merged (a new list)."""
     out = []
     for k in kernels:
         if k.kind == "loops" and not k.inner:
             k = _coalesced(prog, k)
+        elif k.kind == "loops":
+            k = _inner_merged(prog, k)
         elif k.kind == "gemm" and k.stages[0].node.body is not None:
             node = k.stages[0].node
             ranges, var_map = _merged_epilogue(prog, node)
@@ -50,6 +53,24 @@ def _coalesced(prog: ir.Program, k: Kernel) -> Kernel:
                 return k
             stages.append(Stage(s.node, s.level, var_map))
         k = dataclasses.replace(k, outer=k.outer[:d] + (k.outer[d] * k.outer[d + 1],), stages=stages)
+    return k
+
+
+def _inner_merged(prog: ir.Program, k: Kernel) -> Kernel:
+    """A reduction's inner loops merged by the same test (a squeeze-excite block's mean over a 7x7 map: one
+    vector loop of 49 instead of seven of 7). Not an arg reduction, whose index is its position in the nest."""
+    if any(s.node.reduce_op in ARG_REDUCTIONS for s in k.stages):
+        return k
+    while len(k.inner) > 1 and _short(k.inner[-1]):
+        d = len(k.inner) - 2
+        merged = _merge_map(d, k.inner[-1], qvar)
+        stages = []
+        for s in k.stages:
+            var_map = {v: ir.simplify_index(sympy.sympify(e).xreplace(merged)) for v, e in s.var_map.items()}
+            if not _plain(prog, s.node, var_map, qvar(d)):
+                return k
+            stages.append(Stage(s.node, s.level, var_map))
+        k = dataclasses.replace(k, inner=k.inner[:d] + (k.inner[d] * k.inner[d + 1],), stages=stages)
     return k
 
 
