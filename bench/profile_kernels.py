@@ -21,6 +21,9 @@ from pathlib import Path
 import numpy as np
 
 
+_GEMM_CALL = re.compile(r"\n(  tc_gemm<.*?\);\n)", re.S)  # a GEMM kernel's one call of the product
+
+
 def instrument(cpp: str) -> tuple[str, list[str]]:
     """A timer around each kernel call of the entry, those that run for some shapes only (``if (...) k(f);``,
     schedule/cpu.py) included."""
@@ -35,7 +38,7 @@ def instrument(cpp: str) -> tuple[str, list[str]]:
     for i, n in enumerate(names):  # a GEMM kernel's product apart from its epilogue pass
         head = f"static void {n}(const Frame& f) {{"
         at = cpp.find(head)
-        call = re.compile(r"\n(  tc_gemm<.*?\);\n)", re.S).search(cpp, at) if at >= 0 else None
+        call = _GEMM_CALL.search(cpp, at) if at >= 0 else None
         if call is None or cpp.find("\n}\n", at) < call.start():
             continue
         timed = (f"\n  {{ auto tg0 = std::chrono::steady_clock::now();\n{call.group(1)}  tc_prof_gemm[{i}] += "

@@ -29,63 +29,45 @@ def coalesce(prog: ir.Program, kernels: list[Kernel]) -> list[Kernel]:
     merged (a new list)."""
     out = []
     for k in kernels:
-        if k.kind == "loops" and not k.inner:
-            k = _coalesced(prog, k)
-        elif k.kind == "loops":
-            k = _inner_merged(prog, k)
+        if k.kind == "loops" and not k.inner and all(s.level == "row" for s in k.stages):
+            outer, maps = _merged(prog, k.outer, k.stages, ovar, _pieces_stay)
+            k = dataclasses.replace(k, outer=outer, stages=_with_maps(k.stages, maps))
+        elif k.kind == "loops" and k.inner and not any(s.node.reduce_op in ARG_REDUCTIONS for s in k.stages):
+            # a reduction's sum over the map (an arg reduction's result is its position in the nest: kept)
+            inner, maps = _merged(prog, k.inner, k.stages, qvar, lambda extents: len(extents) > 1)
+            k = dataclasses.replace(k, inner=inner, stages=_with_maps(k.stages, maps))
         elif k.kind == "gemm" and k.stages[0].node.body is not None:
             node = k.stages[0].node
-            ranges, var_map = _merged_epilogue(prog, node)
+            identity = Stage(node, "gemm", {ir.ivar(d): ir.ivar(d) for d in range(len(node.ranges))})
+            ranges, maps = _merged(prog, tuple(node.ranges), [identity], ir.ivar, _pieces_stay)
             if len(ranges) < len(node.ranges):
-                k = dataclasses.replace(k, outer=ranges, stages=[Stage(node, "gemm", var_map)])
+                k = dataclasses.replace(k, outer=ranges, stages=_with_maps([identity], maps))
         out.append(k)
     return out
 
 
-def _coalesced(prog: ir.Program, k: Kernel) -> Kernel:
-    while len(k.outer) > 2 and _short(k.outer[-1]) and _enough(k.outer[:-2]):
-        d = len(k.outer) - 2
-        merged = _merge_map(d, k.outer[-1])
-        stages = []
-        for s in k.stages:
-            var_map = {v: ir.simplify_index(sympy.sympify(e).xreplace(merged)) for v, e in s.var_map.items()}
-            if s.level != "row" or not _plain(prog, s.node, var_map, ovar(d)):
-                return k
-            stages.append(Stage(s.node, s.level, var_map))
-        k = dataclasses.replace(k, outer=k.outer[:d] + (k.outer[d] * k.outer[d + 1],), stages=stages)
-    return k
-
-
-def _inner_merged(prog: ir.Program, k: Kernel) -> Kernel:
-    """A reduction's inner loops merged by the same test (a squeeze-excite block's mean over a 7x7 map: one
-    vector loop of 49 instead of seven of 7). Not an arg reduction, whose index is its position in the nest."""
-    if any(s.node.reduce_op in ARG_REDUCTIONS for s in k.stages):
-        return k
-    while len(k.inner) > 1 and _short(k.inner[-1]):
-        d = len(k.inner) - 2
-        merged = _merge_map(d, k.inner[-1], qvar)
-        stages = []
-        for s in k.stages:
-            var_map = {v: ir.simplify_index(sympy.sympify(e).xreplace(merged)) for v, e in s.var_map.items()}
-            if not _plain(prog, s.node, var_map, qvar(d)):
-                return k
-            stages.append(Stage(s.node, s.level, var_map))
-        k = dataclasses.replace(k, inner=k.inner[:d] + (k.inner[d] * k.inner[d + 1],), stages=stages)
-    return k
-
-
-def _merged_epilogue(prog: ir.Program, node: ir.Node) -> tuple[tuple, dict]:
-    """A GEMM node's epilogue loops with its short trailing ones merged by the same test as a loop kernel's:
-    (the loops' extents, the node's index variables -> expressions of the loops' variables i0, i1, ...)."""
-    ranges, var_map = tuple(node.ranges), {ir.ivar(d): ir.ivar(d) for d in range(len(node.ranges))}
-    while len(ranges) > 2 and _short(ranges[-1]) and _enough(ranges[:-2]):
-        d = len(ranges) - 2
-        merged = _merge_map(d, ranges[-1], ir.ivar)
-        trial = {v: ir.simplify_index(sympy.sympify(e).xreplace(merged)) for v, e in var_map.items()}
-        if not _plain(prog, node, trial, ir.ivar(d)):
+def _merged(prog: ir.Program, extents: tuple, stages: list, var, more) -> tuple[tuple, list[dict]]:
+    """(``extents`` with the last two merged while the last is short, ``more(extents)`` allows it and every stage's
+    positions stay free of a division of the merged variable; each stage's var_map onto the merged loops, whose
+    variables ``var(d)`` are those of ``extents``)."""
+    maps = [s.var_map for s in stages]
+    while more(extents) and _short(extents[-1]):
+        d = len(extents) - 2
+        merged = _merge_map(d, extents[-1], var)
+        trial = [{v: ir.simplify_index(sympy.sympify(e).xreplace(merged)) for v, e in m.items()} for m in maps]
+        if not all(_plain(prog, s.node, m, var(d)) for s, m in zip(stages, trial)):
             break
-        ranges, var_map = ranges[:d] + (ranges[d] * ranges[d + 1],), trial
-    return ranges, var_map
+        extents, maps = extents[:d] + (extents[d] * extents[d + 1],), trial
+    return extents, maps
+
+
+def _with_maps(stages: list, maps: list[dict]) -> list:
+    return [Stage(s.node, s.level, m) for s, m in zip(stages, maps)]
+
+
+def _pieces_stay(extents: tuple) -> bool:
+    """Loops the pool shares out (all but the innermost): after a merge still MIN_ROWS pieces at batch 1."""
+    return len(extents) > 2 and _enough(extents[:-2])
 
 
 def _short(extent) -> bool:
@@ -100,7 +82,7 @@ def _enough(outer) -> bool:
     return rows.is_Integer and int(rows) >= MIN_ROWS
 
 
-def _merge_map(d: int, width, var=ovar) -> dict:
+def _merge_map(d: int, width, var) -> dict:
     """Loop variables d and d + 1 (width ``width``) as one variable, the new d: y = q // W, x = q % W."""
     q = var(d)
     return {var(d): FloorDiv(q, width), var(d + 1): ModularIndexing(q, 1, width)}
