@@ -7,7 +7,8 @@ Builds one C++ program holding both runtime preludes (``--base``'s, read with ``
 tree's), each in a namespace of its own, and times ``tc_sgemm_own`` on one thread, alternating the two call by
 call for a few seconds over rotating copies of the operands (64 MB in all, so that each call finds them out of L2,
 as a model's kernels do; warm operands hid a 2x difference). Prints both rates and the time ratio (medians).
-Shapes are M x N x K; a trailing ``t`` gives B transposed (N x K: a Linear's weight); ``:T`` reads B's rows
+Shapes are M x N x K; a trailing ``a`` gives A transposed (K x M: a convolution's weight stored [K, Cout]), a
+trailing ``t`` B transposed (N x K: a Linear's weight); ``:T`` reads B's rows
 through a table of T taps' offsets into a padded input (a window GEMM, schedule/window_gemm.py). Needs an AVX-512
 CPU and g++. Results, written up by hand: bench/results/2core-intel-r-xeon-r-processor-2026-12-06-cpu-gemm-ab.md.
 """
@@ -48,11 +49,13 @@ namespace base_k {
 namespace new_k {
 #include "new_prelude.h"
 }
-int main(int argc, char** argv) {  // M N K tb taps seconds
+int main(int argc, char** argv) {  // M N K tb taps seconds ta
   const int64_t M = atoll(argv[1]), N = atoll(argv[2]), K = atoll(argv[3]);
   const bool tb = atoi(argv[4]);
   const int taps = atoi(argv[5]);
   const double seconds = atof(argv[6]);
+  const bool ta = argc > 7 && atoi(argv[7]);
+  const int64_t lda = ta ? M : K;
   std::mt19937 g(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> A(M * K), C(M * N), B;
@@ -78,8 +81,8 @@ int main(int argc, char** argv) {  // M N K tb taps seconds
   for (int it = 0; std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds; ++it) {
     for (int v = 0; v < 2; ++v) {
       const auto t0 = std::chrono::steady_clock::now();
-      if (v == 0) base_k::tc_sgemm_own(M, N, K, false, As[which].data(), K, tb, Bs[which].data(), ldb, Cs[which].data(), N, r);
-      else new_k::tc_sgemm_own(M, N, K, false, As[which].data(), K, tb, Bs[which].data(), ldb, Cs[which].data(), N, r);
+      if (v == 0) base_k::tc_sgemm_own(M, N, K, ta, As[which].data(), lda, tb, Bs[which].data(), ldb, Cs[which].data(), N, r);
+      else new_k::tc_sgemm_own(M, N, K, ta, As[which].data(), lda, tb, Bs[which].data(), ldb, Cs[which].data(), N, r);
       if (it) t[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       which = (which + 1) % copies;
     }
@@ -95,15 +98,17 @@ int main(int argc, char** argv) {  // M N K tb taps seconds
 """
 
 
-def parse_shape(text: str) -> tuple[int, int, int, bool, int]:
-    """'MxNxK', with a trailing 't' (B transposed) or ':T' (T taps): (M, N, K, tb, taps)."""
-    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(t?)(?::(\d+))?", text)
+def parse_shape(text: str) -> tuple[int, int, int, bool, int, bool]:
+    """'MxNxK', with a trailing 'a' (A transposed), 't' (B transposed) or ':T' (T taps): (M, N, K, tb, taps,
+    ta)."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)(a?)(t?)(?::(\d+))?", text)
     if m is None:
-        raise SystemExit(f"shape {text!r}: expected MxNxK, MxNxKt or MxNxK:T (e.g. 64x3136x64, 8x3072x768t, "
-                         f"128x840x1152:9)")
-    if m.group(4) and m.group(5):
+        raise SystemExit(f"shape {text!r}: expected MxNxK, MxNxKa, MxNxKt or MxNxK:T (e.g. 64x3136x64, "
+                         f"512x49x4608a, 8x3072x768t, 128x840x1152:9)")
+    if m.group(5) and m.group(6):
         raise SystemExit(f"shape {text!r}: a tap table reads B as it is, not transposed")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(4)), int(m.group(5) or 0)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3)), bool(m.group(5)), int(m.group(6) or 0),
+            bool(m.group(4)))
 
 
 def build(base: str, folder: Path) -> Path:
@@ -131,10 +136,12 @@ def main(argv=None) -> None:
         exe = build(args.base, Path(tmp))
         print(f"| M x N x K | B | {args.base} GFLOP/s | working tree GFLOP/s | time new/base |")
         print("|---|---|---|---|---|")
-        for text, (m, n, k, tb, taps) in zip(args.shapes, shapes):
-            out = subprocess.run([str(exe), str(m), str(n), str(k), str(int(tb)), str(taps), str(args.seconds)],
+        for text, (m, n, k, tb, taps, ta) in zip(args.shapes, shapes):
+            out = subprocess.run([str(exe), str(m), str(n), str(k), str(int(tb)), str(taps), str(args.seconds),
+                                  str(int(ta))],
                                  capture_output=True, text=True, check=True).stdout.split()
-            kind = "transposed" if tb else f"{taps} taps" if taps else "row-major"
+            kind = ("A transposed, " if ta else "") + ("transposed" if tb else f"{taps} taps" if taps else
+                                                         "row-major")
             print(f"| {m}x{n}x{k} | {kind} | {float(out[0]):.1f} | {float(out[1]):.1f} | {float(out[2]):.2f} |",
                   flush=True)
 
