@@ -472,6 +472,18 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
 }
 #endif
 
+// A GEMM kernel's scratch for one call (a gathered operand, a widened one, a product before its rounding epilogue),
+// which the kernel fills before reading: this calling thread's, one per ``Slot``, grown on demand and kept. A
+// std::vector per call was a fresh allocation each time, its pages faulted in and zeroed by the kernel: the
+// 10.8 MB im2col of EfficientNet-b0's stem at batch 8 cost more than gathering it. Pool threads write into the
+// caller's (the pointer is what the kernel's lambdas capture).
+template <typename T, int Slot>
+inline T* tc_call_scratch(size_t n) {
+  static thread_local std::vector<T> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // This thread's scratch of at least ``floats`` floats (the fused attention kernels' blocks): grown on demand and
 // kept, so a kernel neither allocates per call nor puts its blocks on a thread's stack (128 KB where musl runs).
 inline float* tc_scratch(size_t floats) {
