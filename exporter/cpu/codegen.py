@@ -80,6 +80,11 @@ def _store_body(k: Kernel, s) -> ir.Value:
     return body if s.node.out.name in k.local else _without_final_round(body, s.node.out.dtype)
 
 
+def _store_index(s) -> sympy.Expr:
+    """Where a stage stores its element: its output's flat index in kernel loop variables."""
+    return s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
+
+
 def _without_final_round(body: ir.Value, dtype: str) -> ir.Value:
     """``body`` less a final cast to the 16-bit float ``dtype`` (the store after it rounds to that dtype)."""
     if dtype not in HALF_CONVERSIONS or not (isinstance(body, ir.Op) and body.op == "cast" and body.dtype == dtype):
@@ -122,6 +127,9 @@ def _nest(vars_, extents, indent: str, inner, innermost: str | None = None) -> l
     return lines
 
 
+SPLIT_VARS = tuple(sympy.Symbol(n, integer=True, nonnegative=True) for n in ("i3", "i4"))  # col // d, col % d
+
+
 def column_split(flat, col, extent) -> tuple | None:
     """(``flat`` over i3, i4, d) where ``flat`` reads column ``col`` only as col // d and col % d for one d that
     divides ``extent`` (col = d * i3 + i4): an im2col view of a convolution's input (EfficientNet-b0's stem over
@@ -136,7 +144,7 @@ def column_split(flat, col, extent) -> tuple | None:
     d = divs.pop()
     if not (d.is_Integer and extent.is_Integer and 1 < int(d) < int(extent) and int(extent) % int(d) == 0):
         return None
-    hi, lo = sympy.Symbol("i3", integer=True, nonnegative=True), sympy.Symbol("i4", integer=True, nonnegative=True)
+    hi, lo = SPLIT_VARS
     out = flat.xreplace({FloorDiv(col, d): hi, ModularIndexing(col, 1, d): lo})
     if col in out.free_symbols:
         return None
@@ -144,7 +152,7 @@ def column_split(flat, col, extent) -> tuple | None:
 
 
 # a GEMM kernel's per-call scratch, each its own slot of runtime/prelude.h's tc_call_scratch (kept between calls)
-SCRATCH_SLOTS = {"tc_ga": 0, "tc_gb": 1, "tc_wa": 2, "tc_wb": 3}  # tc_acc: 4
+SCRATCH_SLOTS = {"tc_ga": 0, "tc_gb": 1, "tc_wa": 2, "tc_wb": 3, "tc_acc": 4}
 OVERLAP_WIDTH = 16  # float32 lanes of an AVX-512 vector
 
 
@@ -334,7 +342,7 @@ class CppKernelWriter:
             body = ir.subs_index(s.node.body, s.var_map)
             flats = [self.prog.buffers[x.buffer].flat_index(x.index) for x in ir.loads(body)
                      if x.buffer in self.prog.buffers]
-            flats.append(s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))]))
+            flats.append(_store_index(s))
             if any(isinstance(x, ir.LoadIndirect) for x in ir.walk(body)) or \
                     any(sympy.expand(sympy.diff(f, var)) not in (0, 1) for f in flats):
                 return False
@@ -452,7 +460,7 @@ class CppKernelWriter:
         if name in k.local:
             locals_[name] = f"v_{name}"
             return [f"{indent}const {CTYPE[s.node.out.dtype]} v_{name} = {val};"]
-        flat = s.node.out.flat_index([s.var_map.get(ir.ivar(d), 0) for d in range(len(s.node.ranges))])
+        flat = _store_index(s)
         return [f"{indent}{name}[{cindex(flat)}] = {stored(s.node.out.dtype, val)};"]
 
     # --- GEMM kernels ---------------------------------------------------------------------------------
@@ -476,7 +484,8 @@ class CppKernelWriter:
         out = node.out.name
         if node.out.dtype != acc:
             assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
-            lines.append(f"  {t}* tc_acc = tc_call_scratch<{t}, 4>(static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
+            lines.append(f"  {t}* tc_acc = tc_call_scratch<{t}, {SCRATCH_SLOTS['tc_acc']}>("
+                         f"static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
             out = "tc_acc"
         lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
@@ -522,9 +531,8 @@ class CppKernelWriter:
         inner_vars, inner_extents = vars_[2:], extents[2:]
         if split is not None:
             flat, d = split
-            inner_vars, inner_extents = ["i3", "i4"], [sympy.sympify(cols) // d, d]
-            pos = pos.xreplace({col: d * sympy.Symbol("i3", integer=True, nonnegative=True)
-                                + sympy.Symbol("i4", integer=True, nonnegative=True)})
+            inner_vars, inner_extents = [v.name for v in SPLIT_VARS], [sympy.sympify(cols) // d, d]
+            pos = pos.xreplace({col: d * SPLIT_VARS[0] + SPLIT_VARS[1]})
         src = loaded(buf.dtype, f"{op.buffer}[{cindex(flat)}]")
 
         def copy_row(ind: str) -> list[str]:

@@ -476,7 +476,8 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
 // which the kernel fills before reading: this calling thread's, one per ``Slot``, grown on demand and kept. A
 // std::vector per call was a fresh allocation each time, its pages faulted in and zeroed by the kernel (the
 // 10.8 MB im2col of EfficientNet-b0's stem at batch 8: about 0.2 of the 2.3 ms beside its product). Pool threads
-// write into the caller's (the pointer is what the kernel's lambdas capture).
+// write into the caller's (the pointer is what the kernel's lambdas capture). Slots 0-4: cpu/codegen.py's
+// SCRATCH_SLOTS; 5: tc_scratch.
 template <typename T, int Slot>
 inline T* tc_call_scratch(size_t n) {
   static thread_local std::vector<T> buf;
@@ -486,11 +487,7 @@ inline T* tc_call_scratch(size_t n) {
 
 // This thread's scratch of at least ``floats`` floats (the fused attention kernels' blocks): grown on demand and
 // kept, so a kernel neither allocates per call nor puts its blocks on a thread's stack (128 KB where musl runs).
-inline float* tc_scratch(size_t floats) {
-  static thread_local std::vector<float> buf;
-  if (buf.size() < floats) buf.resize(floats);
-  return buf.data();
-}
+inline float* tc_scratch(size_t floats) { return tc_call_scratch<float, 5>(floats); }
 
 // C (M x N, rows ldc apart) = A (M x K, rows lda apart) times B (K x N), or times the transpose of B (N x K) when
 // tb, on the calling thread: the fused attention kernel's block products (exporter/cpu/attention.py).
