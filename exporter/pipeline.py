@@ -135,7 +135,8 @@ def stage_capture(r: Results) -> str | dict:
         return _capture_methods(r)
     # a training package shares its weights between every graph, so no graph may fold them
     captured = capture.capture(r.job.spec, list(r.job.dynamic), fold=not r.job.backward,
-                               precision=r.job.precision, kn_weights=bool(r.job.archs))
+                               precision=r.job.precision, kn_weights=bool(r.job.archs),
+                               panel_weights=not r.job.archs)
     r.graphs[INFERENCE] = Graph(INFERENCE, captured)
     if r.job.onnx and captured.state:
         from tcexport.formats.state import first_names

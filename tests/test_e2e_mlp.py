@@ -64,7 +64,8 @@ def test_fusion_is_real(model):
     assert "reduce" in kernels[1] and "reduce_max_sum" in kernels[3]
     with zipfile.ZipFile(mlp_package()) as z:
         cpp = z.read("src/cpu/model.cpp").decode()
-    assert cpp.count("tc_gemm<float>(f.sgemm") == 2 and "std::erf" in cpp and "tc_parallel_range(" in cpp
+    # both linears read their weights as packed panels (front/weights_panels.py)
+    assert cpp.count("tc_gemm_panels(f.nt") == 2 and "std::erf" in cpp and "tc_parallel_range(" in cpp
 
 
 @pytest.mark.parametrize("bad, error, attrs", [

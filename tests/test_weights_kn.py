@@ -1,9 +1,9 @@
 """Linear weights stored [K, N] at export for a GPU target (exporter/front/weights_kn.py).
 
 Checked on the captured program (torch runs the rewritten graph, so a wrong layout shows up as a wrong number or a
-failed validation), for what must stay (a weight tied to an embedding, a weight read elsewhere too, a CPU-only
-package), through autocast's casts, and end to end: a package with a GPU target whose kernels run in Triton's
-interpreter and whose CPU part runs torch-free.
+failed validation), for what must stay (a weight tied to an embedding, a weight read elsewhere too; a CPU-only
+package stores panels instead), through autocast's casts, and end to end: a package with a GPU target whose
+kernels run in Triton's interpreter and whose CPU part runs torch-free.
 """
 
 from __future__ import annotations
@@ -116,10 +116,11 @@ def test_a_gpu_package_holds_the_transposed_weights_and_says_so(gpu_package):
     assert "2 linear weights stored [K, N]" in (dump / "graph.txt").read_text()
 
 
-def test_a_cpu_package_keeps_the_models_layout(tmp_path):
+def test_a_cpu_package_holds_no_transposed_weights(tmp_path):
+    """A CPU-only package stores its linears as the CPU GEMM's panels instead (test_weights_panels.py)."""
     pkg = export(Net().eval(), _inputs(2), {"ids": {0: ("batch", 1, 8)}, "x": {0: ("batch", 1, 8)}})
     weights = {w.name for w in L.load(pkg.save(tmp_path / "cpu.tcpkg")).manifest.weights}
-    assert {"a.weight", "b.weight"} <= weights and not {"a.weight.T", "b.weight.T"} & weights
+    assert {"a.weight.panels", "b.weight.panels"} <= weights and not {"a.weight.T", "b.weight.T"} & weights
 
 
 @pytest.mark.parametrize("batch", [1, 5])

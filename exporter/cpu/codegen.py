@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import sympy
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
@@ -151,6 +152,52 @@ def column_split(flat, col, extent) -> tuple | None:
     return out, d
 
 
+def is_panels(buf: ir.Buffer, op: ir.GemmOperand, lanes, depth, lane_var, k_var) -> bool:
+    """Whether ``op`` reads all of ``buf``, a weight stored as panels (front/weights_panels.py), with ``lane_var``
+    (one of the operand's index variables i1, i2) the panels' lanes and ``k_var`` their depth: element (lane, k)
+    at buf[lane // 32, k, lane % 32], the same for every batch. A linear's B reads them with the columns as lanes,
+    a convolution's A with the rows (its output channels)."""
+    if op.rows is not None or len(buf.shape) != 3:
+        return False
+    panels, rows, width = (sympy.sympify(d) for d in buf.shape)
+    lanes, depth = sympy.sympify(lanes), sympy.sympify(depth)
+    if width != PANEL or rows != depth or not lanes.is_Integer or panels != -(-lanes // PANEL):
+        return False
+    if op.index is None:  # one whole panel read as a plain [K, 32] (a linear's B) or its transpose (a conv's A)
+        stride = {lane_var: op.col_stride if lane_var == ir.ivar(2) else op.row_stride,
+                  k_var: op.row_stride if lane_var == ir.ivar(2) else op.col_stride}
+        return panels == 1 and lanes == PANEL and op.offset == 0 and op.batch_stride == 0 and \
+            (stride[lane_var], stride[k_var]) == (1, PANEL)
+    flat = buf.flat_index(op.index)
+    if flat.free_symbols - {lane_var, k_var}:
+        return False
+    expected = FloorDiv(lane_var, PANEL) * PANEL * depth + PANEL * k_var + ModularIndexing(lane_var, 1, PANEL)
+    if sympy.expand(flat - expected) == 0:
+        return True
+    return _equal_on_grid(flat, expected, (lane_var, int(lanes)), (k_var, int(depth)))
+
+
+PANEL_CHECK_MAX = 1 << 23  # elements: a larger weight must match the panel layout symbolically
+
+
+def _equal_on_grid(a, b, *dims) -> bool:
+    """Whether index expressions ``a`` and ``b`` agree at every point of the grid ``dims`` ((variable, extent)
+    pairs): a convolution's weight view reaches its panels through a reshape whose divisions and remainders sympy
+    does not fold back, so the layout is checked point by point (a proof: the grid is the whole operand)."""
+    if np.prod([n for _, n in dims], dtype=np.int64) > PANEL_CHECK_MAX:
+        return False
+    funcs = {"FloorDiv": np.floor_divide, "ModularIndexing": lambda x, d, m: np.floor_divide(x, d) % m}
+    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) for _, n in dims], indexing="ij")
+    vars_ = [v for v, _ in dims]
+    try:
+        fa = sympy.lambdify(vars_, a, modules=[funcs, "numpy"])(*grids)
+        fb = sympy.lambdify(vars_, b, modules=[funcs, "numpy"])(*grids)
+    except (TypeError, NameError, ValueError):  # an index function the grid cannot evaluate: not proven
+        return False
+    return bool(np.array_equal(np.broadcast_to(fa, grids[0].shape), np.broadcast_to(fb, grids[0].shape)))
+
+
+PANEL = 32  # columns per panel of a packed weight (front/weights_panels.py)
 # a GEMM kernel's per-call scratch, each its own slot of runtime/prelude.h's tc_call_scratch (kept between calls)
 SCRATCH_SLOTS = {"tc_ga": 0, "tc_gb": 1, "tc_wa": 2, "tc_wb": 3, "tc_acc": 4}
 OVERLAP_WIDTH = 16  # float32 lanes of an AVX-512 vector
@@ -474,27 +521,74 @@ class CppKernelWriter:
         acc = g.acc_dtype
         fn, t = GEMM_ROUTINES[acc], CTYPE[acc]
         lines: list[str] = []
+        buffers = self.prog.buffers
+        if acc == "float32" and buffers[g.b.buffer].dtype == "float32" and \
+                (g.b.index is not None or g.b.col_stride == 1) and \
+                is_panels(buffers[g.a.buffer], g.a, g.m, g.k, ir.ivar(1), ir.ivar(2)):
+            gb, b_ptr = self._gathered(g.b, g.batch, g.k, g.n, acc, lines, "tc_gb")  # gathered: rows contiguous
+            return self._gemm_panels_t(k, gb, b_ptr, lines)
         ga, a_ptr = self._gathered(g.a, g.batch, g.m, g.k, acc, lines, "tc_ga")
+        if acc == "float32" and sympy.sympify(g.batch) == 1 and \
+                is_panels(buffers[g.b.buffer], g.b, g.n, g.k, ir.ivar(2), ir.ivar(1)):
+            return self._gemm_panels(k, ga, a_ptr, lines)
         gb, b_ptr = self._gathered(g.b, g.batch, g.k, g.n, acc, lines, "tc_gb")
         a_ptr = a_ptr or self._gemm_input(ga, acc, lines, "tc_wa")
         b_ptr = b_ptr or self._gemm_input(gb, acc, lines, "tc_wb")
         ta, lda = self._operand(ga, g.m, g.k)
         tb, ldb = self._operand(gb, g.k, g.n)
         rows = self._row_offsets(gb, lines)
-        out = node.out.name
-        if node.out.dtype != acc:
-            assert node.body is not None, f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
-            lines.append(f"  {t}* tc_acc = tc_call_scratch<{t}, {SCRATCH_SLOTS['tc_acc']}>("
-                         f"static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
-            out = "tc_acc"
+        assert node.out.dtype == acc or node.body is not None, \
+            f"{node.name}: a {node.out.dtype} GEMM output needs its rounding epilogue"
+        out = self._product_into(node, lines)
         lines += [
             f"  tc_gemm<{t}>({fn}, f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)},",
             f"               {'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {cindex(ga.batch_stride)},",
             f"               {'true' if tb == 'kTrans' else 'false'}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out}{rows});",
         ]
-        if node.body is not None:
-            lines += self._epilogue(k, "tc_acc" if node.out.dtype != acc else None)
-        return lines
+        return lines + self._epilogue_of(k, out)
+
+    def _gemm_panels(self, k: Kernel, ga: ir.GemmOperand, a_ptr: str | None, lines: list) -> list[str]:
+        """A product whose B is a linear's weight stored as panels (front/weights_panels.py): read in place by
+        tc_gemm_panels, never copied."""
+        node = k.stages[0].node
+        g = node.gemm
+        a_ptr = a_ptr or self._gemm_input(ga, "float32", lines, "tc_wa")
+        ta, lda = self._operand(ga, g.m, g.k)
+        out = self._product_into(node, lines)
+        lines.append(f"  tc_gemm_panels(f.nt, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)}, "
+                     f"{'true' if ta == 'kTrans' else 'false'}, {a_ptr}, {lda}, {g.b.buffer}, {out});")
+        return lines + self._epilogue_of(k, out)
+
+    def _gemm_panels_t(self, k: Kernel, gb: ir.GemmOperand, b_ptr: str | None, lines: list) -> list[str]:
+        """A product whose A is a convolution's weight stored as panels (front/weights_panels.py): run with
+        positions as rows by tc_gemm_panels_t, the weight read in place."""
+        node = k.stages[0].node
+        g = node.gemm
+        b_ptr = b_ptr or f"{gb.buffer} + {cindex(gb.offset)}"
+        _, ldb = self._operand(gb, g.k, g.n)
+        rows = self._row_offsets(gb, lines)
+        out = self._product_into(node, lines)
+        lines.append(f"  tc_gemm_panels_t(f.nt, {cindex(g.batch)}, {cindex(g.m)}, {cindex(g.n)}, {cindex(g.k)}, "
+                     f"{g.a.buffer}, {b_ptr}, {ldb}, {cindex(gb.batch_stride)}, {out}{rows});")
+        return lines + self._epilogue_of(k, out)
+
+    @staticmethod
+    def _product_into(node: ir.Node, lines: list) -> str:
+        """Where a GEMM writes its product: its output, or for an output stored in another dtype (an absorbed
+        rounding cast) float scratch that the epilogue reads."""
+        g = node.gemm
+        if node.out.dtype == g.acc_dtype:
+            return node.out.name
+        t = CTYPE[g.acc_dtype]
+        lines.append(f"  {t}* tc_acc = tc_call_scratch<{t}, {SCRATCH_SLOTS['tc_acc']}>("
+                     f"static_cast<size_t>({cindex(g.batch * g.m * g.n)}));")
+        return "tc_acc"
+
+    def _epilogue_of(self, k: Kernel, out: str) -> list[str]:
+        """The GEMM's epilogue, if it has one, reading the product where _product_into put it."""
+        if k.stages[0].node.body is None:
+            return []
+        return self._epilogue(k, "tc_acc" if out == "tc_acc" else None)
 
     @staticmethod
     def _row_offsets(op: ir.GemmOperand, lines: list) -> str:

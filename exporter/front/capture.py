@@ -5,7 +5,8 @@ from their parts, so one generic mechanism covers every such op instead of one h
 Then graph rewrites that are exact at export time run on the decomposed program (``fold_batchnorm``: an eval
 batch norm after a convolution becomes part of the convolution's weight and bias; ``concat_linears``: linears
 over one input become one GEMM over their weights side by side; for a GPU target, ``weights_kn``: a linear's
-weight stored [K, N], the layout the GPU GEMM reads fastest).
+weight stored [K, N], the layout the GPU GEMM reads fastest; for the CPU alone, ``weights_panels``: as the 32-column
+panels the CPU GEMM reads).
 
 A dynamic dim's way through the front end (``tcexport model.py --dynamic batch``): cli.py passes the spec
 strings to the pipeline's capture stage, which calls ``capture`` here; dynamic.py parses them into our symbols
@@ -37,6 +38,7 @@ from tcexport.exporter.front.source_line import frame_of
 from tcexport.exporter.front.concat_linears import concat_linears
 from tcexport.exporter.front.fold_batchnorm import fold_batchnorm
 from tcexport.exporter.front.weights_kn import weights_kn
+from tcexport.exporter.front.weights_panels import weights_panels
 from tcexport.exporter.front.model_file import ModelSpec
 from tcexport.formats.state import first_names
 
@@ -128,12 +130,13 @@ def _laid_out_like(out: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 
 
 def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precision: str | None = None,
-            draft: bool = False, kn_weights: bool = False) -> Captured:
+            draft: bool = False, kn_weights: bool = False, panel_weights: bool = False) -> Captured:
     """The model as a decomposed program over our dynamic symbols: dynamic.resolve, torch.export (with fixes),
     then relations (bind_symbols, symbol_ranges, collect_guards). ``fold=False`` keeps eval batch norms unfolded
     and linears apart (a training package shares these weights with its training graphs, where each is a
     parameter of its own). ``kn_weights`` (a GPU target's): folding also stores each linear's weight [K, N]
-    (weights_kn.py).
+    (weights_kn.py); ``panel_weights`` (a package whose only target is the CPU): as 32-column panels instead
+    (weights_panels.py).
     ``precision`` ("bf16", "fp16") captures the model as it computes under autocast (autocast.py): a first
     export at the op level autocast works on, the casts made explicit, then the export every model gets.
     ``draft=True`` (``tcexport --report``) captures with torch.export.draft_export, which goes on past
@@ -142,11 +145,11 @@ def capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool = True, precisio
     module's method captured (a package's methods, front/methods.py; default ``forward``)."""
     if spec.function != "forward":
         spec = dataclasses.replace(spec, module=methods.running(spec.module, spec.function), function="forward")
-    return _capture(spec, cli_dynamic, fold, precision, draft, kn_weights)
+    return _capture(spec, cli_dynamic, fold, precision, draft, kn_weights, panel_weights)
 
 
 def _capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool, precision: str | None, draft: bool,
-             kn_weights: bool = False) -> Captured:
+             kn_weights: bool = False, panel_weights: bool = False) -> Captured:
     symbols, places = dynamic.resolve(spec.input_names, spec.example_inputs, spec.dynamic_shapes, cli_dynamic)
     accepted = relations.Accepted()
     declared = dict(symbols)
@@ -161,7 +164,8 @@ def _capture(spec: ModelSpec, cli_dynamic: list[str], fold: bool, precision: str
     # static layer adds to its length counter when the step has a static length), and state starts from these
     before = {name: b.detach().clone() for name, b in spec.module.named_buffers(remove_duplicate=False)}
     ep, torch_shapes = _export_accepting_fixes(spec, symbols, places, accepted, draft=draft, log=torch_log)
-    folded = fold_batchnorm(ep) + concat_linears(ep) + (weights_kn(ep) if kn_weights else []) if fold else []
+    folded = fold_batchnorm(ep) + concat_linears(ep) + (weights_kn(ep) if kn_weights else []) + \
+        (weights_panels(ep) if panel_weights else []) if fold else []
     rename, ours = relations.bind_symbols(ep, spec.input_names, places, symbols, accepted)
     _check_sizes_known(ep, rename, str(spec.path))
     refined, range_guards = relations.symbol_ranges(ep, rename, symbols, ours)

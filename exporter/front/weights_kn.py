@@ -36,15 +36,14 @@ def weights_kn(ep: torch.export.ExportedProgram) -> list[str]:
     specs = input_specs(ep)
     moved, read = [], set()
     for node in list(ep.graph.nodes):
-        chain = _private_weight(node, specs, ep)
-        if chain is None:
+        chain = private_linear_weight(node, specs, ep)
+        if chain is None or not _rows_aligned(chain, specs, ep):
             continue
         weight, cast, permute = chain
         value = lookup(ep, specs[weight.name]).detach()
         key = specs[weight.name].target
         stored = add_constant(ep, specs, key + ".T", value.t().contiguous(), like=weight)
-        for check in [u for u in weight.users if _dtype_check(u)]:
-            check.replace_input_with(weight, stored)
+        reads_instead(weight, stored)
         b = stored
         if cast is not None:
             cast.replace_input_with(weight, stored)
@@ -62,9 +61,9 @@ def weights_kn(ep: torch.export.ExportedProgram) -> list[str]:
     return [f"{len(moved)} linear weights stored [K, N], the layout the GPU GEMM reads fastest ({moved[0]}, ...)"]
 
 
-def _private_weight(node: torch.fx.Node, specs: dict, ep) -> tuple | None:
+def private_linear_weight(node: torch.fx.Node, specs: dict, ep) -> tuple | None:
     """(weight placeholder, cast or None, permute) when ``node`` is an mm / addmm whose B is the permuted private
-    weight, else None."""
+    2-D weight, else None (weights_panels.py moves the same weights for a CPU target)."""
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
         return None
     b = node.args[-1] if node.target is aten.mm.default else node.args[2] if len(node.args) == 3 else None
@@ -76,14 +75,26 @@ def _private_weight(node: torch.fx.Node, specs: dict, ep) -> tuple | None:
         if list(x.users) != [b]:
             return None
         x, cast = x.args[0], x
-    if not is_constant(x, specs, ep) or [u for u in x.users if not _dtype_check(u)] != [cast or b]:
+    if not is_constant(x, specs, ep) or [u for u in x.users if not is_dtype_check(u)] != [cast or b]:
         return None
-    value = lookup(ep, specs[x.name])
-    read = cast.meta["val"] if cast is not None else value  # what the GEMM's rows hold: the cast's dtype
-    return (x, cast, b) if value.dim() == 2 and value.shape[0] * read.element_size() % ROW_ALIGN == 0 else None
+    return (x, cast, b) if lookup(ep, specs[x.name]).dim() == 2 else None
 
 
-def _dtype_check(node: torch.fx.Node) -> bool:
+def _rows_aligned(chain: tuple, specs: dict, ep) -> bool:
+    """Whether the stored [K, N] rows are whole ROW_ALIGN units (in the dtype the GEMM reads: the cast's)."""
+    weight, cast, _ = chain
+    value = lookup(ep, specs[weight.name])
+    read = cast.meta["val"] if cast is not None else value
+    return value.shape[0] * read.element_size() % ROW_ALIGN == 0
+
+
+def reads_instead(weight: torch.fx.Node, stored: torch.fx.Node) -> None:
+    """export's dtype checks of ``weight`` read ``stored``, which replaces it (see is_dtype_check)."""
+    for check in [u for u in weight.users if is_dtype_check(u)]:
+        check.replace_input_with(weight, stored)
+
+
+def is_dtype_check(node: torch.fx.Node) -> bool:
     """export's check of a tensor's dtype and device before a cast (no sizes, no strides): it holds of the
     transposed copy too, so it reads that instead."""
     return node.target is _ASSERT_META and len(node.args) >= 3 and node.args[1] is None and node.args[2] is None

@@ -477,7 +477,8 @@ inline void tc_sgemm_own(int64_t M, int64_t N, int64_t K, bool ta, const float* 
 // std::vector per call was a fresh allocation each time, its pages faulted in and zeroed by the kernel (the
 // 10.8 MB im2col of EfficientNet-b0's stem at batch 8: about 0.2 of the 2.3 ms beside its product). Pool threads
 // write into the caller's (the pointer is what the kernel's lambdas capture). Slots 0-4: cpu/codegen.py's
-// SCRATCH_SLOTS; 5: tc_scratch.
+// SCRATCH_SLOTS; 5: tc_scratch; 6: tc_sgemm_panels_t's partial sums, 7: tc_sgemm_panels' weight block (each pool
+// thread its own).
 template <typename T, int Slot>
 inline T* tc_call_scratch(size_t n) {
   static thread_local std::vector<T> buf;
@@ -584,6 +585,237 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
   } else {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
+  }
+}
+
+// C (M x N, rows N apart) = op(A) (M x K) times a K x N matrix stored as 32-column panels, W[p][k][j] = B[k][32p + j]
+// (zero past N): a linear's weight packed once at export (exporter/front/weights_panels.py), read in place where the
+// own kernel would copy a transposed weight into the same micro-panels on every call. Rows [0, M) of columns
+// [n0, n1) (n0 a multiple of 32), on the calling thread.
+inline void tc_sgemm_panels(int64_t M, int64_t n0, int64_t n1, int64_t K, bool ta, const float* A, int64_t lda,
+                            const float* W, float* C, int64_t ldc) {
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc + n0, C + i * ldc + n1, 0.0f);
+    return;
+  }
+#if defined(__AVX512F__)
+  // the own kernel's blocking: kc x nc of the weight (in L2) serves every block of kTcMc rows of A, and within it
+  // a panel's kc x 32 (in L1) every row strip of the block; each output sums k in the same blocks as
+  // tc_sgemm_own's. With more than one block of rows the kc x nc block is first copied, panel by panel, into this
+  // thread's scratch: a sequential read the prefetcher streams, where the tiles' first reads of a weight from
+  // memory stalled (a 32000-wide LM head over 512 rows took 1.2x the own kernel's time read in place).
+  const bool copy = M > kTcMc;
+  float* block = copy ? tc_call_scratch<float, 7>(static_cast<size_t>(kTcKc * kTcNc)) : nullptr;
+  for (int64_t j0 = n0; j0 < n1; j0 += kTcNc) {
+    const int64_t j1 = std::min(n1, j0 + kTcNc);
+    for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
+      const int64_t kc = std::min(kTcKc, K - k0);
+      if (copy)
+        for (int64_t j = j0; j < j1; j += kTcNr)
+          std::memcpy(block + (j - j0) * kc, W + (j / kTcNr) * K * kTcNr + k0 * kTcNr, sizeof(float) * kc * kTcNr);
+      for (int64_t i0 = 0; i0 < M; i0 += kTcMc) {
+        const int64_t i1 = std::min(M, i0 + kTcMc);
+        for (int64_t j = j0; j < j1; j += kTcNr) {
+          const float* b = copy ? block + (j - j0) * kc : W + (j / kTcNr) * K * kTcNr + k0 * kTcNr;
+          const int64_t width = std::min<int64_t>(kTcNr, j1 - j);
+          const __mmask16 m0 = tc_lanes(width), m1 = tc_lanes(width - 16);
+          for (int64_t i = i0; i < i1; i += kTcMr) {
+            const int64_t rows = std::min<int64_t>(kTcMr, i1 - i);
+            const float* a = A + (ta ? k0 * lda + i : i * lda + k0);
+            float* c = C + i * ldc + j;
+            if (ta) tc_sgemm_tile<true>(rows, kc, a, lda, b, kTcNr, c, ldc, m0, m1, k0 > 0);
+            else tc_sgemm_tile<false>(rows, kc, a, lda, b, kTcNr, c, ldc, m0, m1, k0 > 0);
+          }
+        }
+      }
+    }
+  }
+#else
+  // portable: 4 rows x one panel of accumulators at a time, the 32 columns the vector loop
+  constexpr int64_t kRows = 4, kPanel = 32;
+  for (int64_t j = n0; j < n1; j += kPanel) {
+    const float* b = W + (j / kPanel) * K * kPanel;
+    const int64_t width = std::min<int64_t>(kPanel, n1 - j);
+    for (int64_t i = 0; i < M; i += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, M - i);
+      float acc[kRows][kPanel] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const float* bk = b + k * kPanel;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float a = ta ? A[k * lda + i + r] : A[(i + r) * lda + k];
+#pragma omp simd
+          for (int64_t l = 0; l < kPanel; ++l) acc[r][l] += a * bk[l];
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) std::copy(acc[r], acc[r] + width, C + (i + r) * ldc + j);
+    }
+  }
+#endif
+}
+
+// tc_sgemm_panels shared among the pool's threads as tc_gemm shares a product: by rows of 8, else by columns in
+// whole panels.
+inline void tc_gemm_panels(int nt, int64_t M, int64_t N, int64_t K, bool ta, const float* A, int64_t lda,
+                           const float* W, float* C) {
+  if (M <= 0 || N <= 0) return;
+  const tc_gemm_split split(nt, 1, M, N, K, false, true);
+  auto piece = [&](int64_t p) {
+    int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
+    if (split.parts > 1 && split.by_rows) split.range(p, M, m0, m1);
+    else if (split.parts > 1) split.range(p, N, n0, n1);
+    if (m1 > m0 && n1 > n0)
+      tc_sgemm_panels(m1 - m0, n0, n1, K, ta, A + (ta ? m0 : m0 * lda), lda, W, C + m0 * N, N);
+  };
+  if (split.threads > 1) {
+    tc_parallel_range(split.threads, split.parts, split.parts, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) piece(p);
+    });
+  } else {
+    for (int64_t p = 0; p < split.parts; ++p) piece(p);
+  }
+}
+
+#if defined(__AVX512F__)
+// Positions [i, i + MR) of one image times one 32-channel panel, over k in [0, kc): position r's element k at
+// a[rows[k] + r] (ROWS) or a[k * lda + r]. The sums start from ct (acc) or 0; they go back to ct (a tile of MR rows
+// of 32, ldct apart) or, at the last k block, transposed into C: channel m's MR positions at c + m * ldc.
+template <int MR, bool ROWS>
+inline void tc_sgemm_micro_t(int64_t kc, const float* a, int64_t lda, const int64_t* rows, const float* w, float* ct,
+                             int64_t ldct, bool acc, float* c, int64_t ldc, int width) {
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) {
+    c0[r] = acc ? _mm512_loadu_ps(ct + r * ldct) : _mm512_setzero_ps();
+    c1[r] = acc ? _mm512_loadu_ps(ct + r * ldct + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* ak = a + (ROWS ? rows[k] : k * lda);
+    const __m512 w0 = _mm512_loadu_ps(w + k * 32), w1 = _mm512_loadu_ps(w + k * 32 + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const __m512 x = _mm512_set1_ps(ak[r]);
+      c0[r] = _mm512_fmadd_ps(x, w0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(x, w1, c1[r]);
+    }
+  }
+  if (c == nullptr) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      _mm512_storeu_ps(ct + r * ldct, c0[r]);
+      _mm512_storeu_ps(ct + r * ldct + 16, c1[r]);
+    }
+    return;
+  }
+  const __mmask8 keep = static_cast<__mmask8>((1u << MR) - 1);
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) {  // channels 8h .. 8h + 7: an 8 x 8 transpose of (position, channel)
+    __m256 v[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      const __m512 z = r < MR ? (h < 2 ? c0[r] : c1[r]) : _mm512_setzero_ps();
+      v[r] = (h & 1) ? _mm512_extractf32x8_ps(z, 1) : _mm512_castps512_ps256(z);
+    }
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    const __m256 o[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                         _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                         _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                         _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; ++m)
+      if (8 * h + m < width) _mm256_mask_storeu_ps(c + (8 * h + m) * ldc, keep, o[m]);
+  }
+}
+
+template <int MR, bool ROWS>
+inline void tc_sgemm_rows_t(int rows_here, int64_t kc, const float* a, int64_t lda, const int64_t* rows,
+                            const float* w, float* ct, int64_t ldct, bool acc, float* c, int64_t ldc, int width) {
+  if constexpr (MR > 0) {
+    if (rows_here == MR) tc_sgemm_micro_t<MR, ROWS>(kc, a, lda, rows, w, ct, ldct, acc, c, ldc, width);
+    else tc_sgemm_rows_t<MR - 1, ROWS>(rows_here, kc, a, lda, rows, w, ct, ldct, acc, c, ldc, width);
+  }
+}
+#endif
+
+// C (M x N: channels x positions, rows N apart) = W (M x K, stored as panels of 32 rows: W[p][k][j] = row 32p + j,
+// a convolution's weight packed at export, exporter/front/weights_panels.py) times B (K x N: row k at
+// B + rows[k], or B + k * ldb), positions [p0, p1) of one image. The product runs transposed: positions are a
+// tile's rows and channels its vector lanes, so a map of 49 or 196 positions (a CNN's last stages) fills whole
+// tiles where the own kernel's 32-position tiles ran partly empty, and the weight is read in place (the
+// activations are broadcast from where they lie); each tile is transposed into C as it is stored.
+inline void tc_sgemm_panels_t(int64_t M, int64_t N, int64_t K, const float* W, const float* B, int64_t ldb,
+                              const int64_t* rows, float* C, int64_t p0, int64_t p1) {
+  if (p1 <= p0) return;
+  if (K <= 0) {
+    for (int64_t m = 0; m < M; ++m) std::fill(C + m * N + p0, C + m * N + p1, 0.0f);
+    return;
+  }
+#if defined(__AVX512F__)
+  const int64_t panels = (M + kTcNr - 1) / kTcNr, ldct = panels * kTcNr;
+  // partial sums between k blocks, (position, channel): only a product longer than one block needs them
+  float* ct = K > kTcKc ? tc_call_scratch<float, 6>(static_cast<size_t>((p1 - p0) * ldct)) : nullptr;
+  for (int64_t k0 = 0; k0 < K; k0 += kTcKc) {
+    const int64_t kc = std::min(kTcKc, K - k0);
+    const bool last = k0 + kc == K;
+    const int64_t* rk = rows ? rows + k0 : nullptr;
+    for (int64_t q = 0; q < panels; ++q) {
+      const float* w = W + q * K * kTcNr + k0 * kTcNr;
+      const int width = static_cast<int>(std::min<int64_t>(kTcNr, M - q * kTcNr));
+      for (int64_t i = p0; i < p1; i += kTcMr) {
+        const int here = static_cast<int>(std::min<int64_t>(kTcMr, p1 - i));
+        const float* a = B + i + (rows ? 0 : k0 * ldb);
+        float* t = ct ? ct + (i - p0) * ldct + q * kTcNr : nullptr;
+        float* c = last ? C + q * kTcNr * N + i : nullptr;
+        if (rows) tc_sgemm_rows_t<kTcMr, true>(here, kc, a, ldb, rk, w, t, ldct, k0 > 0, c, N, width);
+        else tc_sgemm_rows_t<kTcMr, false>(here, kc, a, ldb, rk, w, t, ldct, k0 > 0, c, N, width);
+      }
+    }
+  }
+#else
+  // portable: one position against one panel at a time, the 32 channels the vector loop
+  constexpr int64_t kPanel = 32;
+  for (int64_t q = 0; q * kPanel < M; ++q) {
+    const float* w = W + q * K * kPanel;
+    const int64_t width = std::min<int64_t>(kPanel, M - q * kPanel);
+    for (int64_t i = p0; i < p1; ++i) {
+      float acc[kPanel] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = B[(rows ? rows[k] : k * ldb) + i];
+#pragma omp simd
+        for (int64_t l = 0; l < kPanel; ++l) acc[l] += x * w[k * kPanel + l];
+      }
+      for (int64_t l = 0; l < width; ++l) C[(q * kPanel + l) * N + i] = acc[l];
+    }
+  }
+#endif
+}
+
+// tc_sgemm_panels_t over ``batch`` images (B's image b at B + b * b_batch, C's at C + b * M * N) shared among the
+// pool's threads: whole images, else positions in whole tiles.
+inline void tc_gemm_panels_t(int nt, int64_t batch, int64_t M, int64_t N, int64_t K, const float* W, const float* B,
+                             int64_t ldb, int64_t b_batch, float* C, const int64_t* rows = nullptr) {
+  if (M <= 0 || N <= 0 || batch <= 0) return;
+  const double work = double(batch) * double(M) * double(N) * double(K > 0 ? K : 1);
+  const int threads = work >= 262144.0 ? nt : 1;
+  const int64_t units = (N + 7) / 8, parts = batch >= threads ? 1 : std::min<int64_t>(units, threads);
+  auto piece = [&](int64_t b, int64_t p) {
+    const int64_t lo = std::min<int64_t>(N, p * units / parts * 8);
+    const int64_t hi = std::min<int64_t>(N, (p + 1) * units / parts * 8);
+    tc_sgemm_panels_t(M, N, K, W, B + b * b_batch, ldb, rows, C + b * M * N, lo, hi);
+  };
+  if (threads > 1) {
+    tc_parallel_range(threads, batch * parts, batch * parts, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) piece(i / parts, i % parts);
+    });
+  } else {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t p = 0; p < parts; ++p) piece(b, p);
   }
 }
 
