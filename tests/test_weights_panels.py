@@ -125,7 +125,9 @@ def test_every_bundle_matches_eager(cpu_package, isa, batch):
 
 def test_conv_pays_where_channels_fill_tiles_better_than_positions():
     assert conv_pays(49, 512, 4608) and conv_pays(196, 256, 2304)  # ResNet's last two stages
-    assert not conv_pays(3136, 64, 576) and not conv_pays(784, 128, 1152)  # 56x56 and 28x28 maps
+    assert conv_pays(3136, 64, 576) and conv_pays(784, 128, 1152)  # its first two: 9 times deeper than wide
+    assert not conv_pays(3136, 64, 64) and not conv_pays(784, 256, 128)  # ResNet-50's 1x1 layers there
+    assert not conv_pays(3136, 8, 72)  # deep enough, but 8 channels would fill a quarter of each tile
     assert not conv_pays(1, 1152, 48)  # a squeeze-excite's pooled map: one GEMM over the batch instead
     assert not conv_pays(49, 96, 16)  # too shallow for the transposed store to pay
     assert not conv_pays(196, 80, 480)  # 80 channels fill 3 panels no better than 196 positions fill 7 tiles
