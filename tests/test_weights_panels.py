@@ -181,3 +181,26 @@ def test_every_bundle_runs_the_convolutions_as_eager_does(cnn_package, isa, batc
     got = L.load(path, isa=isa, num_threads=2)(x.numpy())
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4)
+
+
+def test_only_the_panel_layout_is_read_as_panels():
+    """cpu/codegen.is_panels proves the layout: a conv weight's view (through the reshape's divisions and
+    remainders) passes; the same buffer read with a lane and its neighbour swapped, or off by one, does not."""
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    from tcexport.exporter.cpu.codegen import is_panels
+    from tcexport.exporter.ir import loops as ir
+
+    cout, cin = 80, 64
+    buf = ir.Buffer("w", "float32", (3, cin * 9, 32), "weight")
+    co, k = ir.ivar(1), ir.ivar(2)
+    ci, a, b = FloorDiv(k, 9), ModularIndexing(k, 3, 3), ModularIndexing(k, 1, 3)
+    taps = 9 * ci + 3 * a + b  # the reshape [Cout, K] -> [Cout, Cin, 3, 3] composed with the GEMM's column split
+
+    def reads(lane, depth):
+        op = ir.GemmOperand("w", 0, 0, 0, 0, index=(FloorDiv(lane, 32), depth, ModularIndexing(lane, 1, 32)))
+        return is_panels(buf, op, cout, cin * 9, co, k)
+
+    assert reads(co, taps)
+    assert not reads(co, 9 * ci + 3 * b + a)  # taps transposed
+    assert not reads(co + 1, taps)

@@ -168,33 +168,31 @@ def is_panels(buf: ir.Buffer, op: ir.GemmOperand, lanes, depth, lane_var, k_var)
                   k_var: op.row_stride if lane_var == ir.ivar(2) else op.col_stride}
         return panels == 1 and lanes == PANEL and op.offset == 0 and op.batch_stride == 0 and \
             (stride[lane_var], stride[k_var]) == (1, PANEL)
-    flat = buf.flat_index(op.index)
+    flat = sympy.expand(buf.flat_index(op.index))
     if flat.free_symbols - {lane_var, k_var}:
         return False
-    expected = FloorDiv(lane_var, PANEL) * PANEL * depth + PANEL * k_var + ModularIndexing(lane_var, 1, PANEL)
-    if sympy.expand(flat - expected) == 0:
+    lane_part = FloorDiv(lane_var, PANEL) * PANEL * depth + ModularIndexing(lane_var, 1, PANEL)
+    if sympy.expand(flat - lane_part - PANEL * k_var) == 0:
         return True
-    return _equal_on_grid(flat, expected, (lane_var, int(lanes)), (k_var, int(depth)))
-
-
-PANEL_CHECK_MAX = 1 << 23  # elements: a larger weight must match the panel layout symbolically
-
-
-def _equal_on_grid(a, b, *dims) -> bool:
-    """Whether index expressions ``a`` and ``b`` agree at every point of the grid ``dims`` ((variable, extent)
-    pairs): a convolution's weight view reaches its panels through a reshape whose divisions and remainders sympy
-    does not fold back, so the layout is checked point by point (a proof: the grid is the whole operand)."""
-    if np.prod([n for _, n in dims], dtype=np.int64) > PANEL_CHECK_MAX:
+    # a convolution's weight view reaches its panels through a reshape whose divisions and remainders sympy does
+    # not fold back: with the lane's and k's terms apart, each is checked at every value it takes (a proof)
+    terms = sympy.Add.make_args(flat)
+    if any({lane_var, k_var} <= t.free_symbols for t in terms):
         return False
+    of_lane = sympy.Add(*[t for t in terms if lane_var in t.free_symbols or not t.free_symbols])
+    of_k = sympy.Add(*[t for t in terms if k_var in t.free_symbols])
+    return _same_on(of_lane, lane_part, lane_var, int(lanes)) and _same_on(of_k, PANEL * k_var, k_var, int(depth))
+
+
+def _same_on(a, b, var, n: int) -> bool:
+    """Whether index expressions ``a`` and ``b`` of ``var`` agree at every var in [0, n)."""
     funcs = {"FloorDiv": np.floor_divide, "ModularIndexing": lambda x, d, m: np.floor_divide(x, d) % m}
-    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) for _, n in dims], indexing="ij")
-    vars_ = [v for v, _ in dims]
+    x = np.arange(n, dtype=np.int64)
     try:
-        fa = sympy.lambdify(vars_, a, modules=[funcs, "numpy"])(*grids)
-        fb = sympy.lambdify(vars_, b, modules=[funcs, "numpy"])(*grids)
-    except (TypeError, NameError, ValueError):  # an index function the grid cannot evaluate: not proven
+        fa, fb = (np.broadcast_to(sympy.lambdify([var], e, modules=[funcs, "numpy"])(x), x.shape) for e in (a, b))
+    except (TypeError, NameError, ValueError):  # an index function numpy cannot evaluate: not proven
         return False
-    return bool(np.array_equal(np.broadcast_to(fa, grids[0].shape), np.broadcast_to(fb, grids[0].shape)))
+    return bool(np.array_equal(fa, fb))
 
 
 PANEL = 32  # columns per panel of a packed weight (front/weights_panels.py)
