@@ -1,6 +1,7 @@
 """Where a package's time goes, kernel by kernel.
 
     python -m bench.profile_kernels examples/decoder.py --batch 8 --threads 1
+    python -m bench.profile_kernels prefill.py --as-given --threads 2     (a package with state: a KV cache)
 
 Exports the model, instruments a copy of the generated C++ with a timer around each kernel call (the package
 itself is never instrumented: timers would be global state in a library that must stay re-entrant), builds it,
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 
-_GEMM_CALL = re.compile(r"\n(  tc_gemm<.*?\);\n)", re.S)  # a GEMM kernel's one call of the product
+_GEMM_CALL = re.compile(r"\n(  tc_gemm(?:<|_panels\(|_panels_t\().*?\);\n)", re.S)  # a GEMM kernel's one call of the product
 
 
 def instrument(cpp: str) -> tuple[str, list[str]]:
@@ -59,6 +60,9 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--as-given", action="store_true",
+                   help="call with the example inputs as they are (--batch ignored): a decoder's prefill over its "
+                        "example's tokens and positions")
     args = p.parse_args(argv)
 
     spec = load_model_file(args.model_file)
@@ -67,14 +71,16 @@ def main(argv=None) -> None:
     model = L.load(pkg, num_threads=args.threads)
     cpp, names = instrument(model.archive.read("src/cpu/model.cpp").decode())
     (tmp / "prof.cpp").write_text(cpp)
-    isa = model.isa
+    base = getattr(model, "base", model)  # a package with state (a KV cache) runs its kernels through its base
+    isa = base.isa
     subprocess.run([compiler(), *BASE_FLAGS, "-w", *isa_flags(next(i for i in ISA_LEVELS if i.name == isa)), "prof.cpp", "-o", "prof.so"],
                    cwd=tmp, check=True)
     lib = ctypes.CDLL(str(tmp / "prof.so"))
     lib.tc_prof_ptr.restype = ctypes.POINTER(ctypes.c_double)
-    lib.tc_run.argtypes, lib.tc_run.restype = model._native.run.argtypes, model._native.run.restype
-    model._native.run = lib.tc_run  # same ABI, same loader path: guards, buffers, workspace
-    xs = [np.ascontiguousarray(np.repeat(t.numpy(), -(-args.batch // t.shape[0]), axis=0)[:args.batch])
+    lib.tc_run.argtypes, lib.tc_run.restype = base._native.run.argtypes, base._native.run.restype
+    base._native.run = lib.tc_run  # same ABI, same loader path: guards, buffers, workspace
+    xs = [np.ascontiguousarray(t.numpy() if args.as_given else
+                               np.repeat(t.numpy(), -(-args.batch // t.shape[0]), axis=0)[:args.batch])
           for t in spec.example_inputs]
     for _ in range(10):
         model(*xs)
@@ -89,7 +95,8 @@ def main(argv=None) -> None:
     kernels = sorted(((prof[i] / args.calls * 1e6, n, prof_gemm[i] / args.calls * 1e6) for i, n in enumerate(names)),
                      reverse=True)
     inside = sum(us for us, _, _ in kernels)
-    print(f"{args.model_file} batch {args.batch}, {args.threads} thread(s), ISA {isa}: {total:.1f} us per call, "
+    shape = "the example's inputs" if args.as_given else f"batch {args.batch}"
+    print(f"{args.model_file} {shape}, {args.threads} thread(s), ISA {isa}: {total:.1f} us per call, "
           f"{inside:.1f} us in kernels, {total - inside:.1f} us in the loader and the call")
     for us, n, gemm in kernels:
         print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {n}" + (f"  (GEMM {gemm:.1f} us)" if gemm else ""))
