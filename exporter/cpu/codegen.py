@@ -562,7 +562,7 @@ class CppKernelWriter:
         positions as rows by tc_gemm_panels_t, the weight read in place."""
         node = k.stages[0].node
         g = node.gemm
-        b_ptr = b_ptr or f"{gb.buffer} + {cindex(gb.offset)}"
+        b_ptr = b_ptr or self._gemm_input(gb, "float32", lines, "tc_wb")
         _, ldb = self._operand(gb, g.k, g.n)
         rows = self._row_offsets(gb, lines)
         out = self._product_into(node, lines)

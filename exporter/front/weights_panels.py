@@ -52,8 +52,8 @@ def weights_panels(ep: torch.export.ExportedProgram) -> list[str]:
         if chain is not None and chain[1] is None:
             weight, _, permute = chain
             nk = lookup(ep, specs[weight.name]).detach()
-        elif _private_kn_weight(node, specs, ep):
-            weight = permute = node.args[-1] if node.target is aten.mm.default else node.args[2]
+        elif (kn := _private_kn_weight(node, specs, ep)) is not None:
+            weight = permute = kn
             nk = lookup(ep, specs[weight.name]).detach().t()
         else:
             continue
@@ -133,16 +133,16 @@ MIN_FILL_GAIN = 0.05
 DEEP = 4
 
 
-def _private_kn_weight(node: torch.fx.Node, specs: dict, ep) -> bool:
-    """Whether ``node`` is an mm / addmm whose B is a private 2-D constant read as it is, [K, N] (transformers'
-    Conv1D, GPT-2's linears, keeps its weight [in, out])."""
+def _private_kn_weight(node: torch.fx.Node, specs: dict, ep) -> torch.fx.Node | None:
+    """The weight placeholder when ``node`` is an mm / addmm whose B is a private 2-D constant read as it is,
+    [K, N] (transformers' Conv1D, GPT-2's linears, keeps its weight [in, out]), else None."""
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
-        return False
+        return None
     b = node.args[-1] if node.target is aten.mm.default else node.args[2] if len(node.args) == 3 else None
     if not is_constant(b, specs, ep) or b in node.args[:-1] or \
             [u for u in b.users if not is_dtype_check(u)] != [node]:
-        return False
-    return lookup(ep, specs[b.name]).dim() == 2
+        return None
+    return b if lookup(ep, specs[b.name]).dim() == 2 else None
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
@@ -155,26 +155,16 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def _as_conv_weight(ep, stored: torch.fx.Node, before: torch.fx.Node, shape: tuple) -> torch.fx.Node:
-    """The [Cout, Cin, k...] weight as a view of its panels: permute to [panels, 32, K], reshape to
-    [panels * 32, K], slice to Cout, reshape to ``shape``."""
+    """The [Cout, Cin, k...] weight as a view of its panels, built before ``before``: permute to [panels, 32, K],
+    reshape to [panels * 32, K], slice to Cout, reshape to ``shape``."""
     cout, depth = shape[0], math.prod(shape[1:])
     panels = -(-cout // PANEL)
-    fake = stored.meta["val"]
-    with ep.graph.inserting_before(before), fake.fake_mode:
-        x = ep.graph.call_function(aten.permute.default, (stored, [0, 2, 1]))
-        x.meta["val"] = fake.permute(0, 2, 1)
-        x = _then(ep, x, aten.reshape.default, [panels * PANEL, depth])
+    with ep.graph.inserting_before(before), stored.meta["val"].fake_mode:
+        x = _view(ep, aten.permute.default, stored, [0, 2, 1])
+        x = _view(ep, aten.reshape.default, x, [panels * PANEL, depth])
         if panels * PANEL != cout:
-            y = ep.graph.call_function(aten.slice.Tensor, (x, 0, 0, cout))
-            y.meta["val"] = x.meta["val"][:cout]
-            x = y
-        return _then(ep, x, aten.reshape.default, list(shape))
-
-
-def _then(ep, x: torch.fx.Node, op, shape: list) -> torch.fx.Node:
-    y = ep.graph.call_function(op, (x, shape))
-    y.meta["val"] = x.meta["val"].reshape(shape)
-    return y
+            x = _view(ep, aten.slice.Tensor, x, 0, 0, cout)
+        return _view(ep, aten.reshape.default, x, list(shape))
 
 
 def _as_kn(ep, stored: torch.fx.Node, before: torch.fx.Node, shape) -> torch.fx.Node:
@@ -182,14 +172,14 @@ def _as_kn(ep, stored: torch.fx.Node, before: torch.fx.Node, shape) -> torch.fx.
     reshape to [K, panels * 32], slice to N."""
     n, k = shape
     panels = -(-n // PANEL)
-    fake = stored.meta["val"]
-    with ep.graph.inserting_before(before), fake.fake_mode:
-        x = ep.graph.call_function(aten.permute.default, (stored, [1, 0, 2]))
-        x.meta["val"] = fake.permute(1, 0, 2)
-        x2 = ep.graph.call_function(aten.reshape.default, (x, [k, panels * PANEL]))
-        x2.meta["val"] = x.meta["val"].reshape(k, panels * PANEL)
-        if panels * PANEL == n:
-            return x2
-        x3 = ep.graph.call_function(aten.slice.Tensor, (x2, 1, 0, n))
-        x3.meta["val"] = x2.meta["val"][:, :n]
-        return x3
+    with ep.graph.inserting_before(before), stored.meta["val"].fake_mode:
+        x = _view(ep, aten.permute.default, stored, [1, 0, 2])
+        x = _view(ep, aten.reshape.default, x, [k, panels * PANEL])
+        return x if panels * PANEL == n else _view(ep, aten.slice.Tensor, x, 1, 0, n)
+
+
+def _view(ep, op, x: torch.fx.Node, *args) -> torch.fx.Node:
+    """A node applying ``op`` to ``x``, its value the op run on x's fake value (inside the fake mode)."""
+    y = ep.graph.call_function(op, (x, *args))
+    y.meta["val"] = op(x.meta["val"], *args)
+    return y

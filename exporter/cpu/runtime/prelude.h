@@ -503,6 +503,23 @@ inline void tc_sgemm_block(tc_sgemm_fn sgemm, int64_t M, int64_t N, int64_t K, c
 #endif
 }
 
+// The threads a product of ``work`` multiply-adds runs on: below 64^3 a split costs more than it saves.
+inline int tc_product_threads(int nt, double work) { return work >= 262144.0 ? nt : 1; }
+
+// piece(b, p) for every batch entry b < batch and part p < parts of a product, on the pool's threads when there are
+// several (the pool is not used at all otherwise: a small product is done before it wakes).
+template <typename Piece>
+inline void tc_product_pieces(int threads, int64_t batch, int64_t parts, const Piece& piece) {
+  if (threads > 1) {
+    tc_parallel_range(threads, batch * parts, batch * parts, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) piece(i / parts, i % parts);
+    });
+  } else {
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t p = 0; p < parts; ++p) piece(b, p);
+  }
+}
+
 // How tc_gemm shares one product among threads: by batch, else by rows of C, else by columns (when C is
 // short and wide, or when B must be packed: each thread then packs only its own columns). Pieces are whole
 // micro-tiles (``row_step`` rows, ``col_step`` columns).
@@ -514,7 +531,7 @@ struct tc_gemm_split {
 
   tc_gemm_split(int nt, int64_t batch, int64_t M, int64_t N, int64_t K, bool packs_b, bool own) {
     const double work = double(batch) * double(M) * double(N) * double(K > 0 ? K : 1);
-    threads = work >= 262144.0 ? nt : 1;  // below 64^3 a split costs more than it saves
+    threads = tc_product_threads(nt, work);
     row_step = own ? 8 : 1;
     col_step = own ? 32 : 1;
     const bool wide = N >= 2 * col_step * threads;
@@ -577,15 +594,7 @@ inline void tc_gemm(Gemm gemm, int nt, int64_t batch, int64_t M, int64_t N, int6
     gemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, (int)m, (int)n, (int)K, T(1), a, (int)lda,
          bb, (int)ld, T(0), c, (int)N);
   };
-  if (split.threads > 1) {  // the pool is not used at all otherwise: a small product is done before it wakes
-    const int64_t parts = split.parts;
-    tc_parallel_range(split.threads, batch * parts, batch * parts, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) piece(i / parts, i % parts);
-    });
-  } else {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t p = 0; p < split.parts; ++p) piece(b, p);
-  }
+  tc_product_pieces(split.threads, batch, split.parts, piece);
 }
 
 // C (M x N, rows N apart) = op(A) (M x K) times a K x N matrix stored as 32-column panels, W[p][k][j] = B[k][32p + j]
@@ -659,20 +668,13 @@ inline void tc_gemm_panels(int nt, int64_t M, int64_t N, int64_t K, bool ta, con
                            const float* W, float* C) {
   if (M <= 0 || N <= 0) return;
   const tc_gemm_split split(nt, 1, M, N, K, false, true);
-  auto piece = [&](int64_t p) {
+  tc_product_pieces(split.threads, 1, split.parts, [&](int64_t, int64_t p) {
     int64_t m0 = 0, m1 = M, n0 = 0, n1 = N;
     if (split.parts > 1 && split.by_rows) split.range(p, M, m0, m1);
     else if (split.parts > 1) split.range(p, N, n0, n1);
     if (m1 > m0 && n1 > n0)
       tc_sgemm_panels(m1 - m0, n0, n1, K, ta, A + (ta ? m0 : m0 * lda), lda, W, C + m0 * N, N);
-  };
-  if (split.threads > 1) {
-    tc_parallel_range(split.threads, split.parts, split.parts, [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) piece(p);
-    });
-  } else {
-    for (int64_t p = 0; p < split.parts; ++p) piece(p);
-  }
+  });
 }
 
 #if defined(__AVX512F__)
@@ -801,22 +803,13 @@ inline void tc_sgemm_panels_t(int64_t M, int64_t N, int64_t K, const float* W, c
 inline void tc_gemm_panels_t(int nt, int64_t batch, int64_t M, int64_t N, int64_t K, const float* W, const float* B,
                              int64_t ldb, int64_t b_batch, float* C, const int64_t* rows = nullptr) {
   if (M <= 0 || N <= 0 || batch <= 0) return;
-  const double work = double(batch) * double(M) * double(N) * double(K > 0 ? K : 1);
-  const int threads = work >= 262144.0 ? nt : 1;
+  const int threads = tc_product_threads(nt, double(batch) * double(M) * double(N) * double(K > 0 ? K : 1));
   const int64_t units = (N + 7) / 8, parts = batch >= threads ? 1 : std::min<int64_t>(units, threads);
-  auto piece = [&](int64_t b, int64_t p) {
+  tc_product_pieces(threads, batch, parts, [&](int64_t b, int64_t p) {
     const int64_t lo = std::min<int64_t>(N, p * units / parts * 8);
     const int64_t hi = std::min<int64_t>(N, (p + 1) * units / parts * 8);
     tc_sgemm_panels_t(M, N, K, W, B + b * b_batch, ldb, rows, C + b * M * N, lo, hi);
-  };
-  if (threads > 1) {
-    tc_parallel_range(threads, batch * parts, batch * parts, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) piece(i / parts, i % parts);
-    });
-  } else {
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t p = 0; p < parts; ++p) piece(b, p);
-  }
+  });
 }
 
 // float64 and integer arguments keep the C library (accuracy first; these are rare in inference graphs).
